@@ -1,0 +1,64 @@
+"""Stage 01: a linear layer written as a plain ``torch.nn.Module``.
+
+What this stage teaches: a module owns its parameters (``weight``, ``bias``), initialises them
+exactly like ``torch.nn.Linear``, and computes ``y = x W^T + b`` in ``forward`` with tensor
+operations; autograd records those operations and derives the backward pass by itself.
+What changed: nothing yet, this is the starting point. Stage 02 moves the forward into a
+``torch.autograd.Function`` and writes the backward by hand.
+Run it: ``pip install --no-build-isolation .`` here, then
+``python -c "from eml.ext.linear_python import Layer; print(Layer(4, 2))"``.
+"""
+
+import math
+
+import torch
+
+
+def check_input(input: torch.Tensor, weight: torch.Tensor) -> None:
+    """The stage's one place for input validation: say what is wrong, and with which value."""
+    if input.dim() == 0:
+        raise ValueError("linear_python: expected an input with at least 1 dimension (*, in_features), got a 0-d tensor")
+    if input.device != weight.device:
+        raise ValueError(f"linear_python: expected the input on the layer's device {weight.device}, got device {input.device}")
+    if not input.is_floating_point():
+        raise TypeError(f"linear_python: expected a floating-point input dtype, got {input.dtype}")
+    if input.dtype != weight.dtype:
+        raise TypeError(f"linear_python: expected input dtype {weight.dtype} (the layer's dtype), got {input.dtype}")
+    if input.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"linear_python: expected {weight.shape[1]} input features in the last dimension, "
+            f"got {input.shape[-1]} (input shape {list(input.shape)})"
+        )
+
+
+class Layer(torch.nn.Module):
+    """y = x W^T + b for an input of shape (*, in_features): a drop-in for torch.nn.Linear."""
+
+    def __init__(self, i_n_features_input: int, i_n_features_output: int, bias: bool = True):
+        super().__init__()
+        self.in_features = i_n_features_input
+        self.out_features = i_n_features_output
+        self.weight = torch.nn.Parameter(torch.empty(i_n_features_output, i_n_features_input))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(i_n_features_output))
+        else:
+            self.register_parameter("bias", None)  # keeps `layer.bias` defined (as None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # The same initialisation as torch.nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) for both.
+        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        check_input(input, self.weight)
+        # (*, in) @ (in, out) -> (*, out); matmul broadcasts over the leading dimensions
+        output = torch.matmul(input, self.weight.t())
+        if self.bias is not None:
+            output = output + self.bias  # broadcast over every leading dimension
+        return output
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

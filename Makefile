@@ -1,0 +1,78 @@
+# From PyTorch to Machine Code: the two commands.
+#
+#   make         set up everything (virtual environment, pinned packages, LIBXSMM, every
+#                stage built and installed), then run the tour: every stage checked and
+#                timed against torch.nn.Linear
+#   make test    the same set-up (quick when already done), then every stage's tests and
+#                every notebook under pytest --nbval
+#
+# Other targets: setup, tour, notebooks (re-execute them in place), clean.
+# A stage is any folder named NN_something; `make` builds each one whose files changed.
+
+PYTHON      ?= python3
+VENV        := .venv
+PY          := $(VENV)/bin/python
+STAMPS      := .stamps
+STAGES      := $(sort $(wildcard [0-9][0-9]_*))
+NOTEBOOKS   := $(sort $(wildcard notebooks/*.ipynb))
+
+# ninja (installed into the venv) must be on PATH for parallel, incremental C++ builds.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+# Deprecation warnings from setuptools would bury the progress lines.
+export PYTHONWARNINGS := ignore
+
+.PHONY: all setup tour test notebooks clean
+all: tour
+
+setup: $(STAMPS)/libxsmm $(STAMPS)/common $(STAGES:%=$(STAMPS)/%)
+	@echo "==> set-up done: $(words $(STAGES)) stage(s) installed in $(VENV)"
+
+# 1. The virtual environment with the pinned packages (torch 2.13.0, CPU build).
+$(STAMPS)/venv: requirements.txt
+	@mkdir -p $(STAMPS)
+	@echo "==> creating $(VENV) and installing requirements.txt"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+# 2. LIBXSMM for stage 06: Debian's libxsmm-dev (headers and static libraries).
+$(STAMPS)/libxsmm:
+	@mkdir -p $(STAMPS)
+	@if [ -f /usr/include/libxsmm.h ]; then \
+	    echo "==> LIBXSMM found: /usr/include/libxsmm.h"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	    echo "==> installing LIBXSMM: apt-get install -y libxsmm-dev"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libxsmm-dev >/dev/null; \
+	else \
+	    echo "LIBXSMM is missing (/usr/include/libxsmm.h). Install it with:"; \
+	    echo "    sudo apt-get install -y libxsmm-dev"; \
+	    exit 1; \
+	fi
+	@touch $@
+
+# 3. common/ and each stage, rebuilt when one of its files changes.
+$(STAMPS)/common: $(STAMPS)/venv $(shell find common -type f -not -path '*/build/*' -not -path '*.egg-info*' -not -path '*/tests/*' -not -name '*.pyc')
+	@echo "==> installing common/"
+	@$(PY) -m pip install --quiet --no-build-isolation ./common
+	@touch $@
+
+define stage_rule
+$(STAMPS)/$(1): $(STAMPS)/venv $(STAMPS)/libxsmm $(shell find $(1) -type f -not -path '*/build/*' -not -path '*.egg-info*' -not -path '*/tests/*' -not -name '*.pyc')
+	@echo "==> building and installing $(1)"
+	@$(PY) -m pip install --quiet --no-build-isolation ./$(1)
+	@touch $$@
+endef
+$(foreach stage,$(STAGES),$(eval $(call stage_rule,$(stage))))
+
+tour: setup
+	@$(PY) -m eml.common.tour
+
+test: setup
+	@$(PY) -m pytest
+
+notebooks: setup
+	@for nb in $(NOTEBOOKS); do echo "==> executing $$nb"; \
+	    $(PY) -m jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
+
+clean:
+	rm -rf $(STAMPS) $(VENV) common/build */build */*.egg-info common/*.egg-info

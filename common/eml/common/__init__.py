@@ -1,0 +1,1 @@
+"""Shared code of the tutorial: reference checks (checks), timing (timing), the tour (tour)."""

@@ -1,0 +1,137 @@
+"""Side-by-side timing of linear layers on torch.utils.benchmark.
+
+Every layer is timed in the same process, on the same input and the same weights, in
+interleaved rounds (round 1: every layer, round 2: every layer, ...) so that a slow drift of
+the machine (another process, the clock) hits all of them alike. Reported: the median over
+all measured blocks and the spread (interquartile range relative to the median).
+
+FLOPs: one GEMM of an (N x in) input with an (in x out) weight costs 2*N*in*out.
+The forward pass is one GEMM; forward+backward is three (output, grad_input, grad_weight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import torch
+from torch.utils import benchmark
+
+# N x in_features x out_features, the tour's benchmark shapes.
+BENCHMARK_SHAPES = [(64, 256, 256), (256, 1024, 1024), (512, 768, 3072), (512, 3072, 768)]
+
+
+def gemm_flops(n, in_features, out_features):
+    return 2 * n * in_features * out_features
+
+
+@dataclasses.dataclass
+class Timing:
+    label: str
+    shape: tuple
+    forward_us: float
+    forward_spread: float   # IQR / median
+    training_us: float      # forward + backward
+    training_spread: float
+
+    @property
+    def forward_gflops(self):
+        return gemm_flops(*self.shape) / self.forward_us / 1e3
+
+    @property
+    def training_gflops(self):
+        return 3 * gemm_flops(*self.shape) / self.training_us / 1e3
+
+
+def _median_and_spread(times):
+    times = sorted(times)
+    median = statistics.median(times)
+    if len(times) < 4:
+        return median, (times[-1] - times[0]) / median
+    quartiles = statistics.quantiles(times, n=4)
+    return median, (quartiles[2] - quartiles[0]) / median
+
+
+def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_time=0.1, seed=0):
+    """Time each ``makers[label](in, out)`` layer on one (N, in, out) shape.
+
+    All layers get the same weights (those of a torch.nn.Linear) and the same input.
+    Forward is timed under ``torch.no_grad()`` (inference); forward+backward computes the
+    gradients of input, weight and bias with ``torch.autograd.grad`` (one training step of
+    the layer, without accumulating into ``.grad``). Returns one Timing per label.
+    """
+    n, in_features, out_features = shape
+    torch.manual_seed(seed)
+    reference = torch.nn.Linear(in_features, out_features).to(dtype)
+    input = torch.randn(n, in_features, dtype=dtype, requires_grad=True)
+    grad_output = torch.randn(n, out_features, dtype=dtype)
+
+    timers = {}
+    for label, make in makers.items():
+        layer = make(in_features, out_features).to(dtype)
+        layer.load_state_dict(reference.state_dict())
+        env = {"layer": layer, "x": input, "g": grad_output, "params": [input, *layer.parameters()], "torch": torch}
+        timers[label] = (
+            benchmark.Timer("with torch.no_grad(): layer(x)", globals=env, label=label),
+            benchmark.Timer("torch.autograd.grad(layer(x), params, g)", globals=env, label=label),
+        )
+
+    samples = {label: ([], []) for label in makers}
+    for _ in range(rounds):
+        for label, (forward, training) in timers.items():
+            samples[label][0].extend(forward.blocked_autorange(min_run_time=min_run_time).times)
+            samples[label][1].extend(training.blocked_autorange(min_run_time=min_run_time).times)
+
+    results = []
+    for label, (forward_times, training_times) in samples.items():
+        forward_us, forward_spread = _median_and_spread([t * 1e6 for t in forward_times])
+        training_us, training_spread = _median_and_spread([t * 1e6 for t in training_times])
+        results.append(Timing(label, tuple(shape), forward_us, forward_spread, training_us, training_spread))
+    return results
+
+
+def format_table(timings, baseline_label, peak_gflops=None):
+    """A text table: one row per (shape, layer); speed-ups are relative to baseline_label."""
+    header = f"{'stage':<22} {'N x in x out':>16} {'fwd us':>10} {'fwd+bwd us':>11} {'fwd GF/s':>9} {'f+b GF/s':>9}"
+    if peak_gflops:
+        header += f" {'fwd %pk':>7} {'f+b %pk':>7}"
+    header += f" {'fwd x':>6} {'f+b x':>6}"
+    lines = [header, "-" * len(header)]
+    baselines = {t.shape: t for t in timings if t.label == baseline_label}
+    previous_shape = None
+    for t in timings:
+        if previous_shape is not None and t.shape != previous_shape:
+            lines.append("")
+        previous_shape = t.shape
+        base = baselines.get(t.shape)
+        shape = "x".join(str(s) for s in t.shape)
+        row = (f"{t.label:<22} {shape:>16} {t.forward_us:>10.1f} {t.training_us:>11.1f}"
+               f" {t.forward_gflops:>9.1f} {t.training_gflops:>9.1f}")
+        if peak_gflops:
+            row += f" {100 * t.forward_gflops / peak_gflops:>6.0f}% {100 * t.training_gflops / peak_gflops:>6.0f}%"
+        if base is not None:
+            row += f" {base.forward_us / t.forward_us:>6.2f} {base.training_us / t.training_us:>6.2f}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def plot_gflops(timings, ax=None, which="training", peak_gflops=None):
+    """Grouped bars: GFLOP/s per layer, one group per shape (matplotlib)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 4))
+    labels = list(dict.fromkeys(t.label for t in timings))
+    shapes = list(dict.fromkeys(t.shape for t in timings))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        values = [next(getattr(t, f"{which}_gflops") for t in timings if t.label == label and t.shape == s) for s in shapes]
+        ax.bar([j + i * width for j in range(len(shapes))], values, width, label=label)
+    ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(shapes))])
+    ax.set_xticklabels(["x".join(map(str, s)) for s in shapes])
+    ax.set_xlabel("N x in_features x out_features")
+    ax.set_ylabel(f"{'forward+backward' if which == 'training' else 'forward'} GFLOP/s")
+    if peak_gflops:
+        ax.axhline(peak_gflops, color="k", linestyle="--", linewidth=1, label="peak probe")
+    ax.legend(fontsize="small")
+    return ax

@@ -1,0 +1,130 @@
+"""The tour: every installed stage, checked and timed against torch.nn.Linear.
+
+    python -m eml.common.tour            # what `make` runs after installing the stages
+    python -m eml.common.tour --quick    # one shape, short timings (a smoke test)
+
+How a stage joins the tour: its setup.py declares an entry point in the group ``eml.tour``,
+
+    entry_points={"eml.tour": ["01_python_layer = eml.ext.linear_python:TOUR"]}
+
+naming a dict in the stage's package with any of these keys:
+
+    "layers": {label: factory}   factory(in_features, out_features, bias=True) -> Module;
+                                 each label gets a correctness line and timing rows
+    "demo":   callable           run and reported (e.g. stage 03's hello())
+    "peak_gflops": callable      returns the machine's practical FP32 GFLOP/s; the table
+                                 then shows every GFLOP/s figure also as a % of it
+
+The tour never names a stage: installing a stage is what adds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import math
+import platform
+import sys
+import time
+
+import torch
+
+from eml.common import checks, timing
+
+BASELINE = "torch.nn.Linear"
+
+
+def discover_stages():
+    """(name, registration dict) for every installed stage, in stage order."""
+    points = importlib.metadata.entry_points(group="eml.tour")
+    return [(point.name, point.load()) for point in sorted(points, key=lambda p: p.name)]
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def check_layer(make_layer, shape):
+    """One line of correctness: max errors in float32 on a benchmark shape, gradcheck in float64."""
+    n, in_features, out_features = shape
+    torch.manual_seed(0)
+    layer = make_layer(in_features, out_features)
+    errors = checks.max_errors(layer, torch.randn(n, in_features))
+    small = make_layer(7, 5).to(torch.float64)
+    input = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+
+    def run(input, weight, bias):
+        return torch.func.functional_call(small, {"weight": weight, "bias": bias}, (input,))
+
+    try:
+        verdict = "pass" if checks.gradcheck(run, input, small.weight, small.bias) else "FAIL"
+    except Exception as error:  # gradcheck raises with the mismatching Jacobian
+        verdict = f"FAIL ({str(error).splitlines()[0]})"
+    worst = max(errors.values())
+    ok = verdict == "pass" and worst < 1e-3 and not math.isnan(worst)
+    text = "  ".join(f"{name.replace('grad_', 'd')} {value:.1e}" for name, value in errors.items())
+    return ok, f"max|err| float32 {'x'.join(map(str, shape))}: {text}; float64 gradcheck: {verdict}"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="first shape only, short timings")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per shape")
+    parser.add_argument("--min-run-time", type=float, default=0.2, help="seconds per timing block")
+    args = parser.parse_args(argv)
+    shapes = timing.BENCHMARK_SHAPES[:1] if args.quick else timing.BENCHMARK_SHAPES
+    rounds, min_run_time = (1, 0.02) if args.quick else (args.rounds, args.min_run_time)
+
+    print(f"From PyTorch to Machine Code: the tour (torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, CPU: {cpu_name()})", flush=True)
+    stages = discover_stages()
+    if not stages:
+        print("no stage is installed: run `make` (or pip install --no-build-isolation ./NN_stage)")
+        return 1
+
+    failures, makers, peak = [], {BASELINE: lambda i, o: torch.nn.Linear(i, o)}, None
+    for index, (name, stage) in enumerate(stages, 1):
+        print(f"[{index}/{len(stages)}] {name}", flush=True)
+        if "demo" in stage:
+            try:
+                result = stage["demo"]()
+                sys.stdout.flush()
+                print(f"  demo: ok{'' if result is None else f' ({result})'}", flush=True)
+            except Exception as error:
+                failures.append(name)
+                print(f"  demo: FAIL {error!r}", flush=True)
+        for label, make_layer in stage.get("layers", {}).items():
+            ok, line = check_layer(make_layer, shapes[0])
+            print(f"  {label}: {line}", flush=True)
+            if not ok:
+                failures.append(label)
+            makers[label] = make_layer
+        if "peak_gflops" in stage:
+            peak = stage["peak_gflops"]()
+            print(f"  peak probe: {peak:.1f} GFLOP/s (in-cache kernel loop, float32, all threads)", flush=True)
+
+    print(f"\ntiming: float32, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds;"
+          f" x = speed-up over {BASELINE}", flush=True)
+    results = []
+    for shape in shapes:
+        start = time.perf_counter()
+        print(f"  timing {'x'.join(map(str, shape))} ...", end="", flush=True)
+        results += timing.time_layers(makers, shape, rounds=rounds, min_run_time=min_run_time)
+        print(f" {time.perf_counter() - start:.0f} s", flush=True)
+    print()
+    print(timing.format_table(results, BASELINE, peak_gflops=peak))
+    if failures:
+        print(f"\ncorrectness FAILED for: {', '.join(failures)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The shared checks are only worth something if they fail on wrong layers: each broken
+layer below must be caught by the check named beside it."""
+
+import math
+
+import pytest
+import torch
+
+from eml.common import checks
+from eml.common.checks import LayerTests
+
+
+class Linear(torch.nn.Linear):
+    """nn.Linear with the course's constructor; the broken layers below derive from it."""
+
+    def forward(self, input):
+        if input.dim() == 0 or input.shape[-1] != self.in_features or input.dtype != self.weight.dtype:
+            raise ValueError(f"bad input: {input.dtype} {list(input.shape)} 0-d features {self.in_features}")
+        return super().forward(input)
+
+
+class ForgetsBias(Linear):
+    def forward(self, input):
+        return torch.nn.functional.linear(input, self.weight)
+
+
+class WrongGradInput(Linear):
+    def forward(self, input):
+        # right value, wrong gradient for the input: detach then re-add a scaled copy
+        output = torch.nn.functional.linear(input, self.weight, self.bias)
+        return output + 0.5 * (torch.nn.functional.linear(input, self.weight) - torch.nn.functional.linear(input.detach(), self.weight))
+
+
+class RoundsToHalf(Linear):
+    def forward(self, input):
+        return torch.nn.functional.linear(input.half().to(input.dtype), self.weight, self.bias)
+
+
+class NoChecks(torch.nn.Linear):
+    """Crashes on bad input with torch's own messages, which do not name the feature count."""
+
+    def forward(self, input):
+        return input.matmul(self.weight.t().contiguous()).add(self.bias)
+
+
+class Harness(LayerTests):
+    pass
+
+
+def run(layer_class, test, *args):
+    harness = Harness()
+    harness.make_layer = layer_class
+    getattr(harness, test)(*args)
+
+
+def test_correct_layer_passes():
+    run(Linear, "test_matches_reference", checks.CASES[7], torch.float64, True)
+    run(Linear, "test_requires_grad_on_some_inputs", ("input", "bias"))
+    run(Linear, "test_rejects_wrong_feature_count")
+
+
+@pytest.mark.parametrize(
+    "layer_class, test, args",
+    [
+        (ForgetsBias, "test_matches_reference", (checks.CASES[7], torch.float32, True)),
+        (WrongGradInput, "test_matches_reference", (checks.CASES[7], torch.float64, True)),
+        (WrongGradInput, "test_gradcheck", ((3,), True)),
+        (RoundsToHalf, "test_matches_reference", (checks.CASES[6], torch.float64, True)),
+        (NoChecks, "test_rejects_wrong_feature_count", ()),
+    ],
+    ids=lambda v: getattr(v, "__name__", None) if isinstance(v, type) else None,
+)
+def test_broken_layer_is_caught(layer_class, test, args):
+    # gradcheck's GradcheckError is a RuntimeError; the other checks raise AssertionError
+    with pytest.raises((AssertionError, RuntimeError)):
+        run(layer_class, test, *args)
+
+
+def test_tolerances_are_tight_enough_to_see_one_ulp_of_float16():
+    # float16 has an epsilon of ~1e-3: far above the float32 tolerance
+    assert checks.TOLERANCES[torch.float32]["rtol"] < 1e-3 / 10
+    assert checks.TOLERANCES[torch.float64]["rtol"] < math.ulp(1.0) * 1e5

@@ -1,0 +1,19 @@
+"""The tour finds every installed stage through the `eml.tour` entry points and reports it."""
+
+import importlib.metadata
+import subprocess
+import sys
+
+
+def test_quick_tour_reports_every_installed_stage():
+    result = subprocess.run([sys.executable, "-m", "eml.common.tour", "--quick"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    stages = [p.name for p in importlib.metadata.entry_points(group="eml.tour")]
+    assert stages, "no stage registered itself"
+    for name in stages:
+        assert name in out, f"{name} missing from the tour"
+    assert "FAIL" not in out
+    rows = [line for line in out.splitlines() if "64x256x256" in line and "max|err|" not in line and "timing" not in line]
+    assert rows[0].startswith("torch.nn.Linear"), "torch.nn.Linear must be the first timing row"
+    assert len(rows) >= 1 + len(stages) - ("03_hello_cpp" in stages)
