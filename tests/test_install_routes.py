@@ -2,7 +2,8 @@
 the course's `python setup.py install` and `pip install --no-build-isolation .`.
 
 Each route installs a copy of a stage into a temporary prefix (not into .venv, which `make`
-owns) and a fresh interpreter imports it from there and runs it.
+owns); a fresh interpreter then imports the stage from there, runs it, and finds its tour
+entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones.
 """
 
 import os
@@ -14,22 +15,28 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROUTES = ["setup.py install", "pip install --no-build-isolation"]
+
+RUN = {
+    "02_python_function": "import torch; assert module.Layer(5, 3)(torch.randn(2, 5)).shape == (2, 3)",
+    "03_hello_cpp": "module.hello()",
+}
+MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp": "eml.hello_cpp"}
 
 CHECK = """
-import sys, torch, importlib, importlib.metadata
+import sys, importlib, importlib.metadata
 module = importlib.import_module(sys.argv[1])
 assert module.__file__.startswith(sys.argv[2]), module.__file__
-layer = module.Layer(5, 3)
-assert layer(torch.randn(2, 5)).shape == (2, 3)
+exec(sys.argv[4])
 names = [p.name for p in importlib.metadata.entry_points(group="eml.tour")]
 assert sys.argv[3] in names, names
-print("ok", module.__file__)
+print("ok", module.__file__, flush=True)
 """
 
 
 def install(route, stage, tmp_path):
     source = tmp_path / "src"
-    shutil.copytree(ROOT / stage, source, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    shutil.copytree(ROOT / stage, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     prefix = tmp_path / "prefix"
     if route == "setup.py install":
         command = [sys.executable, "setup.py", "install", f"--prefix={prefix}"]
@@ -43,12 +50,15 @@ def install(route, stage, tmp_path):
     return site, env
 
 
-@pytest.mark.parametrize("route", ["setup.py install", "pip install --no-build-isolation"])
-def test_python_stage_installs_both_ways(route, tmp_path):
-    site, env = install(route, "02_python_function", tmp_path)
+@pytest.mark.parametrize("stage", sorted(RUN))
+@pytest.mark.parametrize("route", ROUTES)
+def test_stage_installs_and_runs(route, stage, tmp_path):
+    site, env = install(route, stage, tmp_path)
     result = subprocess.run(
-        [sys.executable, "-c", CHECK, "eml.ext.linear_python_function", str(site), "02_python_function"],
+        [sys.executable, "-c", CHECK, MODULES[stage], str(site), stage, RUN[stage]],
         env=env, capture_output=True, text=True, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("ok")
+    assert result.stdout.splitlines()[-1].startswith("ok")
+    if stage == "03_hello_cpp":
+        assert result.stdout.splitlines()[0] == "Hello World!"
