@@ -66,14 +66,17 @@ def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_t
     input = torch.randn(n, in_features, dtype=dtype, requires_grad=True)
     grad_output = torch.randn(n, out_features, dtype=dtype)
 
+    # torch.utils.benchmark.Timer runs on ONE thread unless told otherwise: time every layer
+    # with the threads the process has (both cores here), as a training loop would run.
+    threads = torch.get_num_threads()
     timers = {}
     for label, make in makers.items():
         layer = make(in_features, out_features).to(dtype)
         layer.load_state_dict(reference.state_dict())
         env = {"layer": layer, "x": input, "g": grad_output, "params": [input, *layer.parameters()], "torch": torch}
         timers[label] = (
-            benchmark.Timer("with torch.no_grad(): layer(x)", globals=env, label=label),
-            benchmark.Timer("torch.autograd.grad(layer(x), params, g)", globals=env, label=label),
+            benchmark.Timer("with torch.no_grad(): layer(x)", globals=env, label=label, num_threads=threads),
+            benchmark.Timer("torch.autograd.grad(layer(x), params, g)", globals=env, label=label, num_threads=threads),
         )
 
     samples = {label: ([], []) for label in makers}
