@@ -1,0 +1,96 @@
+"""Stage 05: the forward and backward pass in C++ (FunctionCpp.cpp), the products by our own loops.
+
+What this stage teaches: what ATen's matrix multiplication did for stage 04. The compiled
+module ``_C`` computes the three products of a linear layer with plain loops over raw
+pointers, threaded with ``at::parallel_for``, in one of two loop orders:
+
+    _C.forward(input, weight, bias, loop_order)      y = x W^T + b, bias may be None
+    _C.backward(grad_output, input, weight,          [grad_input, grad_weight, grad_bias],
+                need_input, need_weight, need_bias,    None for each one not asked for
+                loop_order)
+
+``loop_order`` is ``"cache_aware"`` (the default: innermost loops over contiguous memory, which
+the compiler vectorises) or ``"textbook"`` (one dot product per output element); README.md has
+the napkin maths. The course's own two declarations, ``forward(input, weight)`` and
+``backward(grad_output, input, weights)``, are bound too, with the default order.
+What changed since stage 04: ``Layer(..., loop_order=...)`` and ``Function.apply(...,
+loop_order)`` pass the loop order down to C++; everything else here is stage 04's.
+Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``.
+"""
+
+import math
+
+import torch
+
+from . import _C  # the compiled FunctionCpp.cpp; import torch first: _C links against libtorch
+
+
+class Function(torch.autograd.Function):
+    """y = x W^T + b as C++ loops. Call it as Function.apply(input, weight, bias, loop_order)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias=None, loop_order=_C.LOOP_ORDERS[0]):
+        needs_input, needs_weight = ctx.needs_input_grad[:2]
+        # Save only what the requested gradients need: grad_input needs W, grad_weight needs x.
+        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
+        ctx.loop_order = loop_order  # the backward's products use the forward's loop order
+        # C++ checks the inputs, then computes x W^T + b for any leading dimensions.
+        return _C.forward(input, weight, bias, loop_order)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input, weight = ctx.saved_tensors
+        return Function.backward_once(ctx, grad_output, input, weight)
+
+    # C++ runs outside autograd, so its gradients cannot be differentiated again. The decorator
+    # runs the body under no_grad and, under create_graph=True, makes a second backward raise
+    # "trying to differentiate twice" instead of silently treating the gradients as constants.
+    # It decides from the arguments of the function it decorates alone: x and W are passed as
+    # arguments here, since grad_output alone is often a constant (the ones of a .sum()).
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward_once(ctx, grad_output, input, weight):
+        # needs_input_grad has one flag per forward argument: 2 when apply(input, weight).
+        needs_input, needs_weight, needs_bias = (*ctx.needs_input_grad, False)[:3]
+        # C++ computes only the gradients asked for and returns None for the others.
+        grad_input, grad_weight, grad_bias = _C.backward(
+            grad_output, input, weight, needs_input, needs_weight, needs_bias, ctx.loop_order
+        )
+        # One gradient per forward argument: input, weight, bias, loop_order (never one).
+        return grad_input, grad_weight, grad_bias, None
+
+
+class Layer(torch.nn.Module):
+    """y = x W^T + b for an input of shape (*, in_features): a drop-in for torch.nn.Linear.
+
+    ``loop_order`` picks the C++ loops: ``"cache_aware"`` (default) or ``"textbook"``.
+    """
+
+    def __init__(self, i_n_features_input: int, i_n_features_output: int, bias: bool = True,
+                 loop_order: str = _C.LOOP_ORDERS[0]):
+        super().__init__()
+        if loop_order not in _C.LOOP_ORDERS:  # C++ checks it too; this says so at construction
+            raise ValueError(f"linear_cpp_naive: expected loop_order in {_C.LOOP_ORDERS}, got {loop_order!r}")
+        self.in_features = i_n_features_input
+        self.out_features = i_n_features_output
+        self.loop_order = loop_order
+        self.weight = torch.nn.Parameter(torch.empty(i_n_features_output, i_n_features_input))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(i_n_features_output))
+        else:
+            self.register_parameter("bias", None)  # keeps `layer.bias` defined (as None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # The same initialisation as torch.nn.Linear: U(-1/sqrt(in), 1/sqrt(in)) for both.
+        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return Function.apply(input, self.weight, self.bias, self.loop_order)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"loop_order={self.loop_order!r}")
