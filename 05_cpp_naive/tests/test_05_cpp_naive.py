@@ -5,15 +5,14 @@ gradients computed, every message from C++'s check_inputs, bitwise the same answ
 threads, no ATen matrix product anywhere in the source, and one OpenMP runtime in the process."""
 
 import functools
-import math
 import pathlib
 import re
-import sys
 
 import pytest
 import torch
 
-from eml.common.checks import CASES, Case, FunctionTests, LayerTests, assert_close, expect_error, make_input
+from eml.common.checks import CASES, Case, FunctionTests, LayerTests, assert_close, expect_error
+from eml.common.cpp_checks import CppModuleTests, expected_grads, tensors
 from eml.linear_cpp_naive import TOUR, Function, Layer, _C
 
 STAGE = pathlib.Path(__file__).resolve().parents[1]  # 05_cpp_naive/, as shipped in the repository
@@ -38,25 +37,36 @@ class TestFunctionTextbook(TestFunction):
     linear = staticmethod(lambda input, weight, bias: Function.apply(input, weight, bias, "textbook"))
 
 
-def tensors(case, dtype=torch.float64, seed=0):
-    """input (*, in), weight (out, in), bias (out), grad_output (*, out) for one shape."""
-    generator = torch.Generator().manual_seed(seed)
-    input = make_input(case, dtype, seed)
-    weight = torch.randn(case.out_features, case.in_features, generator=generator, dtype=dtype)
-    bias = torch.randn(case.out_features, generator=generator, dtype=dtype)
-    grad_output = torch.randn(*case.leading, case.out_features, generator=generator, dtype=dtype)
-    return input, weight, bias, grad_output
+class TestModule(CppModuleTests):
+    """The compiled module's contract (common/), in the default, cache-aware loop order."""
+
+    prefix = "linear_cpp_naive"
+    module = _C
+    loop_order = "cache_aware"
+
+    def forward(self, input, weight, bias):
+        return _C.forward(input, weight, bias, self.loop_order)
+
+    def backward(self, grad_output, input, weight, need_input, need_weight, need_bias):
+        return _C.backward(grad_output, input, weight, need_input, need_weight, need_bias, self.loop_order)
+
+    def test_bitwise_same_result_on_one_and_two_threads(self, restore_threads):
+        # Big enough to be split over threads (grain: 32768 multiply-adds per thread).
+        input, weight, bias, grad_output = tensors(Case((130,), 129, 257), torch.float32)
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(self.everything(input, weight, bias, grad_output))
+        for name, one, two in zip(NAMES, *results):
+            # Each output element is summed by one thread in one fixed order: no rounding differs.
+            assert torch.equal(one, two), f"{name}: 2 threads differ from 1"
 
 
-def expected_grads(input, weight, grad_output):
-    """grad_input, grad_weight, grad_bias of y = x W^T + b, by torch's own matmul and sum."""
-    n = math.prod(input.shape[:-1])  # reshape(-1, 0) would be ambiguous: give N explicitly
-    grad_output_2d = grad_output.reshape(n, weight.shape[0])
-    return (
-        grad_output @ weight,
-        grad_output_2d.t() @ input.reshape(n, weight.shape[1]),
-        grad_output_2d.sum(0),
-    )
+class TestModuleTextbook(TestModule):
+    loop_order = "textbook"
+    # The course's two functions take no loop order (they run the cache-aware loops): their
+    # test is TestModule's, not repeated here.
+    test_course_functions_called_directly = None
 
 
 def everything(input, weight, bias, grad_output, loop_order):
@@ -65,35 +75,6 @@ def everything(input, weight, bias, grad_output, loop_order):
 
 
 NAMES = ["output", "grad_input", "grad_weight", "grad_bias"]
-
-
-# -- the course's two C++ functions, called straight from the extension module ------------
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_course_functions_called_directly(case, dtype):
-    input, weight, _, grad_output = tensors(case, dtype)
-    assert_close(_C.forward(input, weight), torch.nn.functional.linear(input, weight), dtype, "forward(input, weight)")
-    grads = _C.backward(grad_output, input, weight)
-    assert isinstance(grads, list) and len(grads) == 2, "backward returns [grad_input, grad_weight]"
-    for name, grad, want in zip(["grad_input", "grad_weight"], grads, expected_grads(input, weight, grad_output)):
-        assert grad.shape == want.shape, name
-        assert_close(grad, want, dtype, name)
-
-
-def test_course_functions_take_non_contiguous_tensors():
-    input = torch.randn(9, 6, dtype=torch.float64).t()  # (6, 9), strides (1, 6)
-    weight = torch.randn(9, 4, dtype=torch.float64).t()  # (4, 9)
-    grad_output = torch.randn(4, 6, dtype=torch.float64).t()  # (6, 4)
-    assert not (input.is_contiguous() or weight.is_contiguous() or grad_output.is_contiguous())
-    assert_close(_C.forward(input, weight), input @ weight.t(), torch.float64, "forward")
-    for grad, want in zip(_C.backward(grad_output, input, weight), expected_grads(input, weight, grad_output)):
-        assert_close(grad, want, torch.float64, "backward")
-
-
-def test_bias_overload_adds_the_bias():
-    input, weight, bias, _ = tensors(CASES[7])
-    assert_close(_C.forward(input, weight, bias), torch.nn.functional.linear(input, weight, bias), torch.float64, "with bias")
-    assert_close(_C.forward(input, weight, None), input @ weight.t(), torch.float64, "bias None")
 
 
 # -- the two loop orders: each other and the reference, on shapes that fit no vector width --
@@ -146,24 +127,7 @@ def test_tour_registers_both_loop_orders():
     assert sorted(layer.loop_order for layer in (make(4, 2) for make in layers.values())) == sorted(LOOP_ORDERS)
 
 
-# -- needs_input_grad: only the gradients asked for, only the tensors they need ----------
-NEEDS = [(True, False, False), (False, True, False), (False, False, True), (True, True, True), (False, True, True)]
-
-
-@pytest.mark.parametrize("loop_order", LOOP_ORDERS)
-@pytest.mark.parametrize("needs", NEEDS, ids=lambda n: "".join("xwb"[i] for i in range(3) if n[i]))
-def test_backward_computes_only_what_is_asked(needs, loop_order):
-    input, weight, _, grad_output = tensors(CASES[7])
-    need_input, need_weight, need_bias = needs
-    # As Function.backward passes them: the input only when grad_weight needs it, and so on.
-    grads = _C.backward(grad_output, input if need_weight else None, weight if need_input else None, *needs, loop_order)
-    for need, grad, want in zip(needs, grads, expected_grads(input, weight, grad_output)):
-        if need:
-            assert_close(grad, want, torch.float64, f"gradient for needs={needs}")
-        else:
-            assert grad is None, f"computed a gradient nobody asked for: needs={needs}"
-
-
+# -- needs_input_grad: autograd's flags reach C++ ------------------------------------------
 @pytest.mark.parametrize("requires", [(True, False, False), (False, True, False), (False, False, True), (True, True, True)])
 def test_function_passes_needs_input_grad_to_cpp(requires, monkeypatch):
     """Through autograd: C++ is told exactly which gradients are wanted, and gets no extra tensor."""
@@ -183,67 +147,11 @@ def test_function_passes_needs_input_grad_to_cpp(requires, monkeypatch):
     assert calls == [(need_weight, need_input, requires)]
 
 
-def test_backward_refuses_a_missing_tensor_it_needs():
-    input, weight, _, grad_output = tensors(CASES[7])
-    expect_error(lambda: _C.backward(grad_output, None, weight, False, True, False), r"^linear_cpp_naive:", r"grad_weight", r"input", r"None")
-    expect_error(lambda: _C.backward(grad_output, input, None, True, False, False), r"^linear_cpp_naive:", r"grad_input", r"weight", r"None")
-
-
-# -- check_inputs: every message opens with the stage's name -----------------------------
-def test_messages_name_the_stage_and_the_values():
-    x, w, b = torch.randn(4, 6), torch.randn(3, 6), torch.randn(3)
-    expect_error(lambda: _C.forward(x[..., :5], w), r"^linear_cpp_naive: ", r"features", r"\b5\b", r"\b6\b")
-    expect_error(lambda: _C.forward(torch.tensor(1.0), w), r"^linear_cpp_naive: ", r"0-d")
-    expect_error(lambda: _C.forward(x.long(), w), r"^linear_cpp_naive: ", r"dtype", r"Long")
-    expect_error(lambda: _C.forward(x, w.double()), r"^linear_cpp_naive: ", r"dtype", r"Double", r"Float")
-    expect_error(lambda: _C.forward(x, w, b.double()), r"^linear_cpp_naive: ", r"bias", r"dtype", r"Double", r"Float")
-    expect_error(lambda: _C.forward(x, w.to("meta")), r"^linear_cpp_naive: ", r"weight", r"device", r"meta")
-    expect_error(lambda: _C.forward(x, w, torch.randn(1, 3)), r"^linear_cpp_naive: ", r"bias", r"\[1, 3\]", r"\b3\b")
-    expect_error(lambda: _C.forward(x, w.reshape(3, 2, 3)), r"^linear_cpp_naive: ", r"weight", r"dim", r"\b3\b")
+def test_only_float_and_double_loops_exist():
     # The loops exist for float and double only; ATen's products would take these.
+    x, w = torch.randn(4, 6), torch.randn(3, 6)
     expect_error(lambda: _C.forward(x.half(), w.half()), r"^linear_cpp_naive: ", r"dtype", r"Half")
     expect_error(lambda: _C.forward(x.bfloat16(), w.bfloat16()), r"^linear_cpp_naive: ", r"dtype", r"BFloat16")
-
-
-def test_backward_checks_grad_output():
-    x, w = torch.randn(4, 6), torch.randn(3, 6)
-    expect_error(lambda: _C.backward(torch.randn(4, 5), x, w), r"^linear_cpp_naive: ", r"grad_output", r"\b3\b", r"\b5\b")
-    expect_error(lambda: _C.backward(torch.randn(2, 3), x, w), r"^linear_cpp_naive: ", r"grad_output", r"\[4\]", r"\[2\]")
-    expect_error(lambda: _C.backward(torch.randn(4, 3).double(), x, w), r"^linear_cpp_naive: ", r"grad_output", r"dtype", r"Double")
-
-
-# -- threads: at::parallel_for follows torch.set_num_threads -----------------------------
-@pytest.fixture
-def restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize("loop_order", LOOP_ORDERS)
-def test_bitwise_same_result_on_one_and_two_threads(loop_order, restore_threads):
-    # Big enough to be split over threads (grain: 32768 multiply-adds per thread).
-    input, weight, bias, grad_output = tensors(Case((130,), 129, 257), torch.float32)
-    results = []
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        results.append(everything(input, weight, bias, grad_output, loop_order))
-    for name, one, two in zip(NAMES, *results):
-        # Each output element is summed by one thread in one fixed order: no rounding differs.
-        assert torch.equal(one, two), f"{name}: 2 threads differ from 1"
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps is Linux's")
-def test_one_openmp_runtime_in_the_process(restore_threads):
-    """The two-OpenMP trap: -fopenmp only at compile time, so _C uses the libgomp torch loaded."""
-    torch.set_num_threads(2)
-    input, weight, bias, grad_output = tensors(Case((130,), 129, 257), torch.float32)
-    everything(input, weight, bias, grad_output, "cache_aware")  # run a parallel region first
-    with open("/proc/self/maps") as maps:
-        runtimes = {line.split()[-1] for line in maps if re.search(r"lib(g|i)omp", line)}
-    assert len(runtimes) <= 1, f"two OpenMP runtimes in one process: {sorted(runtimes)}"
-    # The cause, not only the symptom: _C names no OpenMP library of its own to load.
-    assert b"libgomp" not in pathlib.Path(_C.__file__).read_bytes(), "_C is linked against a libgomp: drop -fopenmp from the link"
 
 
 # -- no ATen matrix product anywhere in this stage's source ------------------------------

@@ -1,0 +1,176 @@
+"""Checks of a C++ stage's compiled module, called directly (without autograd).
+
+Every C++ stage (04, 05, 06, ...) exposes the same two entry points, whatever else it takes:
+
+    forward(input, weight, bias_or_None)                                   -> output
+    backward(grad_output, input_or_None, weight_or_None,
+             need_grad_input, need_grad_weight, need_grad_bias)            -> [gx, gw, gb]
+
+A stage's test file adapts its module to them and inherits the tests:
+
+    class TestModule(CppModuleTests):
+        prefix = "linear_cpp"                      # every C++ error message starts with it
+        module = _C
+        def forward(self, input, weight, bias):
+            return _C.forward(input, weight, bias)
+        def backward(self, grad_output, input, weight, *needs):
+            return _C.backward(grad_output, input, weight, *needs)
+
+It also tests the course's two functions, ``module.forward(input, weight)`` and
+``module.backward(grad_output, input, weights)``, on the whole shape set.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import re
+import sys
+
+import pytest
+import torch
+
+from eml.common.checks import CASES, Case, assert_close, expect_error, make_input
+
+# No input features (y = b, empty grad_input) or no output features (empty y, zero grad_input).
+ZERO_FEATURES = [Case((4,), 0, 3), Case((4,), 3, 0)]
+
+# (need_grad_input, need_grad_weight, need_grad_bias)
+NEEDS = [(True, False, False), (False, True, False), (False, False, True), (True, True, True), (False, True, True)]
+
+
+def tensors(case, dtype=torch.float64, seed=0):
+    """input (*, in), weight (out, in), bias (out), grad_output (*, out) for one shape."""
+    generator = torch.Generator().manual_seed(seed)
+    input = make_input(case, dtype, seed)
+    weight = torch.randn(case.out_features, case.in_features, generator=generator, dtype=dtype)
+    bias = torch.randn(case.out_features, generator=generator, dtype=dtype)
+    grad_output = torch.randn(*case.leading, case.out_features, generator=generator, dtype=dtype)
+    return input, weight, bias, grad_output
+
+
+def expected_grads(input, weight, grad_output):
+    """grad_input, grad_weight, grad_bias of y = x W^T + b, by torch's own matmul and sum."""
+    n = math.prod(input.shape[:-1])  # reshape(-1, 0) would be ambiguous: give N explicitly
+    grad_output_2d = grad_output.reshape(n, weight.shape[0])
+    return (
+        grad_output @ weight,
+        grad_output_2d.t() @ input.reshape(n, weight.shape[1]),
+        grad_output_2d.sum(0),
+    )
+
+
+class CppModuleTests:
+    prefix = None               # e.g. "linear_cpp": C++ messages start with "linear_cpp: "
+    module = None               # the compiled module (its file is checked for libgomp)
+
+    def forward(self, input, weight, bias):
+        raise NotImplementedError
+
+    def backward(self, grad_output, input, weight, need_input, need_weight, need_bias):
+        raise NotImplementedError
+
+    @pytest.fixture
+    def restore_threads(self):
+        threads = torch.get_num_threads()
+        yield
+        torch.set_num_threads(threads)
+
+    def everything(self, input, weight, bias, grad_output):
+        return [self.forward(input, weight, bias), *self.backward(grad_output, input, weight, True, True, True)]
+
+    # -- results against torch ----------------------------------------------------------
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+    @pytest.mark.parametrize("case", CASES + ZERO_FEATURES, ids=str)
+    def test_all_results_match_torch(self, case, dtype):
+        input, weight, bias, grad_output = tensors(case, dtype)
+        reference = [torch.nn.functional.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
+        for name, got, want in zip(["output", "grad_input", "grad_weight", "grad_bias"], self.everything(input, weight, bias, grad_output), reference):
+            assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+            assert_close(got, want, dtype, name)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+    @pytest.mark.parametrize("case", CASES + ZERO_FEATURES, ids=str)
+    def test_course_functions_called_directly(self, case, dtype):
+        input, weight, _, grad_output = tensors(case, dtype)
+        assert_close(self.module.forward(input, weight), torch.nn.functional.linear(input, weight), dtype, "forward(input, weight)")
+        grads = self.module.backward(grad_output, input, weight)
+        assert isinstance(grads, list) and len(grads) == 2, "backward returns [grad_input, grad_weight]"
+        for name, grad, want in zip(["grad_input", "grad_weight"], grads, expected_grads(input, weight, grad_output)):
+            assert grad.shape == want.shape, name
+            assert_close(grad, want, dtype, name)
+
+    def test_non_contiguous_tensors(self):
+        input = torch.randn(9, 6, dtype=torch.float64).t()  # (6, 9), strides (1, 6)
+        weight = torch.randn(9, 4, dtype=torch.float64).t()  # (4, 9)
+        grad_output = torch.randn(4, 6, dtype=torch.float64).t()  # (6, 4)
+        bias = torch.randn(8, dtype=torch.float64)[::2]  # stride 2
+        assert not (input.is_contiguous() or weight.is_contiguous() or grad_output.is_contiguous() or bias.is_contiguous())
+        assert_close(self.forward(input, weight, bias), input @ weight.t() + bias, torch.float64, "forward")
+        grads = self.backward(grad_output, input, weight, True, True, True)
+        for name, grad, want in zip(["grad_input", "grad_weight", "grad_bias"], grads, expected_grads(input, weight, grad_output)):
+            assert_close(grad, want, torch.float64, name)
+
+    # -- needs_input_grad: only the gradients asked for, only the tensors they need ------
+    @pytest.mark.parametrize("needs", NEEDS, ids=lambda n: "".join("xwb"[i] for i in range(3) if n[i]))
+    def test_backward_computes_only_what_is_asked(self, needs):
+        input, weight, _, grad_output = tensors(CASES[7])
+        need_input, need_weight, _ = needs
+        # As Function.backward passes them: the input only when grad_weight needs it, and so on.
+        grads = self.backward(grad_output, input if need_weight else None, weight if need_input else None, *needs)
+        for need, grad, want in zip(needs, grads, expected_grads(input, weight, grad_output)):
+            if need:
+                assert_close(grad, want, torch.float64, f"gradient for needs={needs}")
+            else:
+                assert grad is None, f"computed a gradient nobody asked for: needs={needs}"
+
+    def test_backward_refuses_a_missing_tensor_it_needs(self):
+        input, weight, _, grad_output = tensors(CASES[7])
+        start = rf"^{self.prefix}:"
+        expect_error(lambda: self.backward(grad_output, None, weight, False, True, False), start, r"grad_weight", r"input", r"None")
+        expect_error(lambda: self.backward(grad_output, input, None, True, False, False), start, r"grad_input", r"weight", r"None")
+
+    # -- check_inputs: every message opens with the stage's name and names the value -----
+    def test_messages_name_the_stage_and_the_values(self):
+        x, w, b = torch.randn(4, 6), torch.randn(3, 6), torch.randn(3)
+        start = rf"^{self.prefix}: "
+        expect_error(lambda: self.forward(x[..., :5], w, None), start, r"features", r"\b5\b", r"\b6\b")
+        expect_error(lambda: self.forward(torch.tensor(1.0), w, None), start, r"0-d")
+        expect_error(lambda: self.forward(x.long(), w, None), start, r"dtype", r"Long")
+        expect_error(lambda: self.forward(x, w.double(), None), start, r"dtype", r"Double", r"Float")
+        expect_error(lambda: self.forward(x, w, b.double()), start, r"bias", r"dtype", r"Double", r"Float")
+        expect_error(lambda: self.forward(x.to("meta"), w, None), start, r"device", r"meta")
+        expect_error(lambda: self.forward(x, w.to("meta"), None), start, r"weight", r"device", r"meta")
+        expect_error(lambda: self.forward(x, w, torch.randn(1, 3)), start, r"bias", r"\[1, 3\]", r"\b3\b")
+        expect_error(lambda: self.forward(x, w.reshape(3, 2, 3), None), start, r"weight", r"dim", r"\b3\b")
+
+    def test_backward_checks_grad_output(self):
+        x, w = torch.randn(4, 6), torch.randn(3, 6)
+        start = rf"^{self.prefix}: "
+        expect_error(lambda: self.backward(torch.randn(4, 5), x, w, True, True, False), start, r"grad_output", r"\b3\b", r"\b5\b")
+        expect_error(lambda: self.backward(torch.randn(2, 3), x, w, True, True, False), start, r"grad_output", r"\[4\]", r"\[2\]")
+        expect_error(lambda: self.backward(torch.randn(4, 3).double(), x, w, True, True, False), start, r"grad_output", r"dtype", r"Double")
+
+    # -- threads ----------------------------------------------------------------------------
+    def test_same_result_on_one_and_two_threads(self, restore_threads):
+        # Big enough to be split over threads, and no multiple of any block size.
+        input, weight, bias, grad_output = tensors(Case((130,), 129, 257), torch.float32)
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(self.everything(input, weight, bias, grad_output))
+        for name, one, two in zip(["output", "grad_input", "grad_weight", "grad_bias"], *results):
+            assert_close(two, one, torch.float32, f"{name}, 2 threads against 1")
+
+    @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps is Linux's")
+    def test_one_openmp_runtime_in_the_process(self, restore_threads):
+        """The two-OpenMP trap: -fopenmp only at compile time, so the module uses torch's libgomp."""
+        torch.set_num_threads(2)
+        self.everything(*tensors(Case((130,), 129, 257), torch.float32))  # run a parallel region first
+        with open("/proc/self/maps") as maps:
+            runtimes = {line.split()[-1] for line in maps if re.search(r"lib(g|i)omp", line)}
+        assert len(runtimes) <= 1, f"two OpenMP runtimes in one process: {sorted(runtimes)}"
+        # The cause, not only the symptom: the module names no OpenMP library of its own.
+        assert b"libgomp" not in pathlib.Path(self.module.__file__).read_bytes(), (
+            f"{self.module.__name__} is linked against a libgomp: pass -fopenmp to the compiler only"
+        )
