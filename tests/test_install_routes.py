@@ -3,7 +3,8 @@ the course's `python setup.py install` and `pip install --no-build-isolation .`.
 
 Each route installs a copy of a stage into a temporary prefix (not into .venv, which `make`
 owns); a fresh interpreter then imports the stage from there, runs it, and finds its tour
-entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones.
+entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones, and stage 06
+for the one that links a third-party library (LIBXSMM).
 """
 
 import os
@@ -20,8 +21,9 @@ ROUTES = ["setup.py install", "pip install --no-build-isolation"]
 RUN = {
     "02_python_function": "import torch; assert module.Layer(5, 3)(torch.randn(2, 5)).shape == (2, 3)",
     "03_hello_cpp": "module.hello()",
+    "06_tpp": "import torch; assert module.Layer(5, 3)(torch.randn(2, 5)).shape == (2, 3)",
 }
-MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp": "eml.hello_cpp"}
+MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp": "eml.hello_cpp", "06_tpp": "eml.linear_tpp"}
 
 CHECK = """
 import sys, importlib, importlib.metadata

@@ -4,7 +4,6 @@ every message from C++'s check_inputs, one answer on 1 and 2 threads, one OpenMP
 what only this stage has: the Function telling C++ which gradients autograd wants."""
 
 import pytest
-import torch
 
 from eml.common.checks import CASES, FunctionTests, LayerTests
 from eml.common.cpp_checks import CppModuleTests, tensors

@@ -174,3 +174,39 @@ class CppModuleTests:
         assert b"libgomp" not in pathlib.Path(self.module.__file__).read_bytes(), (
             f"{self.module.__name__} is linked against a libgomp: pass -fopenmp to the compiler only"
         )
+
+
+# -- "no ATen matrix product here": the source check of stages that write their own GEMMs ---
+# ATen's and BLAS's matrix products as a call, e.g. at::mm(, .matmul(, cblas_sgemm(, and
+# Python's matrix-multiply operator x @ w (a decorator's @ starts its line, so it is not one).
+FORBIDDEN = re.compile(
+    r"\b(mm|matmul|addmm|addmv|mv|bmm|baddbmm|addbmm|linear|einsum|dot|vdot|inner|outer|tensordot|"
+    r"chain_matmul|\w*gemm\w*)\s*\(|[\w)\]][ \t]*@(?!=)"
+)
+
+
+def code_only(text, comment):
+    """Source text without comments and string literals: prose may say 'dot product'."""
+    if comment == "#":
+        text = re.sub(r'"""(.|\n)*?"""', "", text)  # docstrings
+    text = re.sub(r'"(\\.|[^"\\\n])*"', '""', text)  # string literals, one line each
+    if comment == "//":
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)  # /* block */ and /*label=*/ comments
+    return re.sub(rf"{re.escape(comment)}.*", "", text)
+
+
+def matrix_product_calls(path):
+    """The matrix-product calls in one .cpp or .py file, outside comments and strings."""
+    path = pathlib.Path(path)
+    comment = "//" if path.suffix in (".cpp", ".h", ".cu") else "#"
+    return [m.group(0) for m in FORBIDDEN.finditer(code_only(path.read_text(), comment))]
+
+
+def assert_no_matrix_product(stage_dir):
+    """Every C++ file and Python file of a stage is free of ATen/BLAS matrix products."""
+    stage_dir = pathlib.Path(stage_dir)
+    sources = sorted(stage_dir.glob("*.cpp")) + sorted((stage_dir / "eml").rglob("*.py"))
+    assert any(p.suffix == ".cpp" for p in sources), f"no C++ source found in {stage_dir}"
+    for path in sources:
+        calls = matrix_product_calls(path)
+        assert not calls, f"{path.relative_to(stage_dir)} calls a matrix product: {calls}"
