@@ -63,6 +63,9 @@ def expected_grads(input, weight, grad_output):
 class CppModuleTests:
     prefix = None               # e.g. "linear_cpp": C++ messages start with "linear_cpp: "
     module = None               # the compiled module (its file is checked for libgomp)
+    # True when each output element is summed by one thread in one fixed order, so that 1 and
+    # 2 threads must agree bitwise, not only to float tolerance.
+    bitwise_across_threads = False
 
     def forward(self, input, weight, bias):
         raise NotImplementedError
@@ -160,7 +163,10 @@ class CppModuleTests:
             torch.set_num_threads(threads)
             results.append(self.everything(input, weight, bias, grad_output))
         for name, one, two in zip(["output", "grad_input", "grad_weight", "grad_bias"], *results):
-            assert_close(two, one, torch.float32, f"{name}, 2 threads against 1")
+            if self.bitwise_across_threads:
+                assert torch.equal(one, two), f"{name}: 2 threads differ from 1"
+            else:
+                assert_close(two, one, torch.float32, f"{name}, 2 threads against 1")
 
     @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/maps is Linux's")
     def test_one_openmp_runtime_in_the_process(self, restore_threads):
