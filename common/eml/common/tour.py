@@ -14,6 +14,11 @@ naming a dict in the stage's package with any of these keys:
     "demo":   callable           run and reported (e.g. stage 03's hello())
     "peak_gflops": callable      returns the machine's practical FP32 GFLOP/s; the table
                                  then shows every GFLOP/s figure also as a % of it
+    "checks": {label: callable}  callable() -> (ok, line): any other correctness line
+
+Further sections (another example's benchmark, another dtype's table) live in their own
+module of eml.common, named in EXTRA_SECTIONS; each has ``tour_section(stages, quick) -> ok``,
+prints its own lines after the float32 table, and returns False on a correctness failure.
 
 The tour never names a stage: installing a stage is what adds it.
 """
@@ -21,6 +26,7 @@ The tour never names a stage: installing a stage is what adds it.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
 import math
 import platform
@@ -32,6 +38,10 @@ import torch
 from eml.common import checks, timing
 
 BASELINE = "torch.nn.Linear"
+
+# Modules of eml.common with a tour_section(stages, quick) -> bool, run in this order.
+EXTRA_SECTIONS = [
+]
 
 
 def discover_stages():
@@ -106,6 +116,14 @@ def main(argv=None):
             if not ok:
                 failures.append(label)
             makers[label] = make_layer
+        for label, check in stage.get("checks", {}).items():
+            try:
+                ok, line = check()
+            except Exception as error:
+                ok, line = False, f"FAIL {error!r}"
+            print(f"  {label}: {line}", flush=True)
+            if not ok:
+                failures.append(label)
         if "peak_gflops" in stage:
             peak = stage["peak_gflops"]()
             print(f"  peak probe: {peak:.1f} GFLOP/s (in-cache kernel loop, float32, all threads)", flush=True)
@@ -120,6 +138,10 @@ def main(argv=None):
         print(f" {time.perf_counter() - start:.0f} s", flush=True)
     print()
     print(timing.format_table(results, BASELINE, peak_gflops=peak))
+    for section in EXTRA_SECTIONS:
+        print(flush=True)
+        if not importlib.import_module(section).tour_section(stages, args.quick):
+            failures.append(section)
     if failures:
         print(f"\ncorrectness FAILED for: {', '.join(failures)}")
         return 1
