@@ -7,6 +7,7 @@ setup(
     version="0.1.0",
     description="Stage 01: a linear layer as a torch.nn.Module",
     packages=["eml.ext.linear_python"],
+    package_dir={"eml.ext.linear_python": "src"},  # the package's sources are in src/
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["01_python_layer = eml.ext.linear_python:TOUR"]},
     python_requires=">=3.9",

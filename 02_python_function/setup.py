@@ -7,6 +7,7 @@ setup(
     version="0.1.0",
     description="Stage 02: a linear layer as a torch.autograd.Function with a hand-written backward",
     packages=["eml.ext.linear_python_function"],
+    package_dir={"eml.ext.linear_python_function": "src"},  # the package's sources are in src/
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["02_python_function = eml.ext.linear_python_function:TOUR"]},
     python_requires=">=3.9",

@@ -9,8 +9,9 @@ setup(
     version="0.1.0",
     description="Stage 03: hello() from C++",
     packages=["eml.hello_cpp"],
+    package_dir={"eml.hello_cpp": "src"},  # the package's sources are in src/
     package_data={"eml.hello_cpp": ["hello.cpp"]},  # shipped for the JIT route (jit.py)
-    ext_modules=[CppExtension("eml.hello_cpp._C", ["eml/hello_cpp/hello.cpp"], extra_compile_args=["-O3"])],
+    ext_modules=[CppExtension("eml.hello_cpp._C", ["src/hello.cpp"], extra_compile_args=["-O3"])],
     cmdclass={"build_ext": BuildExtension},
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["03_hello_cpp = eml.hello_cpp:TOUR"]},

@@ -9,8 +9,9 @@ setup(
     version="0.1.0",
     description="Stage 04: a linear layer whose forward and backward are C++ calling ATen",
     packages=["eml.linear_cpp"],
+    package_dir={"eml.linear_cpp": "src"},  # the package's sources (Python and C++) are in src/
     # The compiled module eml.linear_cpp._C. No -fopenmp: ATen's own mm does the threading.
-    ext_modules=[CppExtension("eml.linear_cpp._C", ["FunctionCpp.cpp"], extra_compile_args=["-O3"])],
+    ext_modules=[CppExtension("eml.linear_cpp._C", ["src/FunctionCpp.cpp"], extra_compile_args=["-O3"])],
     cmdclass={"build_ext": BuildExtension},
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["04_cpp_aten = eml.linear_cpp:TOUR"]},

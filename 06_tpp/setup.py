@@ -1,4 +1,4 @@
-# Stage 06: forward and backward in C++ (FunctionCpp.cpp), the matrix products by LIBXSMM's JIT kernels.
+# Stage 06: forward and backward in C++ (src/FunctionCpp.cpp and its headers), the matrix products by LIBXSMM's JIT kernels.
 # Install:  pip install --no-build-isolation .    or the course's route:  python setup.py install
 # (inside the tutorial's .venv: the build needs the installed torch, so no build isolation)
 # Needs LIBXSMM 1.17 (Debian/Ubuntu: sudo apt-get install -y libxsmm-dev; `make` at the root does it).
@@ -26,13 +26,14 @@ setup(
     version="0.1.0",
     description="Stage 06: a linear layer whose forward and backward run LIBXSMM's JIT-generated GEMM kernels",
     packages=["eml.linear_tpp"],
+    package_dir={"eml.linear_tpp": "src"},  # the package's sources (Python and C++) are in src/
     # The compiled module eml.linear_tpp._C. -fopenmp turns on at::parallel_for's threads;
     # it is a compile flag only, so _C uses the OpenMP runtime torch loaded (README: one libgomp).
     # No -march=native: LIBXSMM picks the instruction set when it generates a kernel, at run time.
     ext_modules=[
         CppExtension(
             "eml.linear_tpp._C",
-            ["FunctionCpp.cpp"],
+            ["src/FunctionCpp.cpp", "src/bindings.cpp"],  # and the headers they include, in src/
             include_dirs=[LIBXSMM_INCLUDE_DIR],
             library_dirs=[LIBXSMM_LIBRARY_DIR],
             # LIBXSMM's static libraries, in this order (libxsmm needs libxsmmnoblas's BLAS stubs).

@@ -8,7 +8,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_finds_the_calls_stage_04_makes():
-    calls = {call.replace(" ", "") for call in matrix_product_calls(ROOT / "04_cpp_aten" / "FunctionCpp.cpp")}
+    calls = {call.replace(" ", "") for call in matrix_product_calls(ROOT / "04_cpp_aten" / "src" / "FunctionCpp.cpp")}
     assert {"mm(", "addmm("} <= calls
 
 

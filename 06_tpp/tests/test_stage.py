@@ -24,7 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from eml.common.checks import CASES, Case, FunctionTests, LayerTests, assert_close, expect_error
-from eml.common.cpp_checks import CppModuleTests, assert_no_matrix_product, expected_grads, tensors
+from eml.common.cpp_checks import (
+    AWKWARD, CppModuleTests, assert_no_matrix_product, assert_results_close, everything, expected_grads, tensors,
+)
 from eml.linear_tpp import TOUR, Function, Layer, _C, peak_gflops
 
 STAGE = pathlib.Path(__file__).resolve().parents[1]  # 06_tpp/, as shipped in the repository
@@ -34,9 +36,10 @@ STAGE = pathlib.Path(__file__).resolve().parents[1]  # 06_tpp/, as shipped in th
 TINY_BLOCKS = dict(forward=[3, 2, 5], grad_input=[2, 3, 4], grad_weight=[5, 3, 2])
 
 
-def tiny_block_layer(in_features, out_features, bias=True, n_outer=(True, False, False)):
-    layer = Layer(in_features, out_features, bias=bias)
-    layer.state.set_config(**TINY_BLOCKS, n_outer=list(n_outer))
+def tiny_block_layer(*args, **kwargs):
+    """A Layer (any of its arguments) whose state has tiny blocks, forward tiles column-first."""
+    layer = Layer(*args, **kwargs)
+    layer.state.set_config(**TINY_BLOCKS, n_outer=[True, False, False])
     return layer
 
 
@@ -83,6 +86,10 @@ class TestModule(CppModuleTests):
         state = None if sized_by is None else self.state(sized_by.shape[-1], grad_output.shape[-1])
         return _C.backward(grad_output, input, weight, need_input, need_weight, need_bias, state)
 
+    def apply(self, input, weight, bias):
+        state = _C.LinearState(weight.shape[1], weight.shape[0])
+        return Function.apply(input, weight, bias, state), (state,)  # the Layer's state reaches C++
+
 
 class TestModuleTemporaryState(TestModule):
     """state=None: C++ makes a temporary LinearState for the call."""
@@ -91,36 +98,12 @@ class TestModuleTemporaryState(TestModule):
         return None
 
 
-def expected(input, weight, bias, grad_output):
-    """output, grad_input, grad_weight, grad_bias of y = x W^T + b, by torch's own ops."""
-    return [F.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
-
-
-def everything(input, weight, bias, grad_output, state):
-    """output and the three gradients, straight from the extension, with one state."""
-    return [_C.forward(input, weight, bias, state), *_C.backward(grad_output, input, weight, True, True, True, state)]
-
-
-NAMES = ["output", "grad_input", "grad_weight", "grad_bias"]
-
-
-def close(actual, want, dtype, what, reduction):
-    """common/'s tolerance, with float32's absolute part grown like sqrt(terms summed)."""
-    if dtype == torch.float64:
-        return assert_close(actual, want, dtype, what)
-    atol = 2e-5 * math.sqrt(max(1, reduction))
-    torch.testing.assert_close(actual, want, rtol=2e-5, atol=atol, msg=lambda m: f"{what}: {m}")
-
-
 def check_everything(case, dtype, state, bias=True):
+    """output and the three gradients, straight from the extension with one state, against torch."""
     input, weight, bias_tensor, grad_output = tensors(case, dtype)
     bias_tensor = bias_tensor if bias else None
-    n = math.prod(case.leading)
-    want = expected(input, weight, bias_tensor, grad_output)
-    got = everything(input, weight, bias_tensor, grad_output, state)
-    for name, g, w, reduction in zip(NAMES, got, want, [case.in_features, case.out_features, n, n]):
-        assert g.shape == w.shape, name
-        close(g, w, dtype, f"{name} {case} {dtype}", reduction)
+    want = [F.linear(input, weight, bias_tensor), *expected_grads(input, weight, grad_output)]
+    assert_results_close(everything(_C, input, weight, bias_tensor, grad_output, state), want, case, dtype)
 
 
 def test_bias_overload_adds_the_bias():
@@ -131,19 +114,6 @@ def test_bias_overload_adds_the_bias():
 
 
 # -- the kernels against torch on shapes that fit no block ---------------------------------
-AWKWARD = [
-    Case((1823,), 31, 7),       # a tall batch, few features: 28 full column blocks and a tail
-    Case((3,), 781, 129),       # wide rows; 129 = 2 * 64 + 1: a one-row tail block
-    Case((5, 7, 3), 67, 257),   # three leading dimensions, odd sizes everywhere
-    Case((131,), 257, 263),     # primes past the blocks in every dimension
-    Case((1100,), 1030, 65),    # K > 1024: the reduction in 256-deep steps (beta = 1), with a k tail
-    Case((0,), 9, 4),           # nothing to do: empty output, zero weight gradient
-    Case((3,), 0, 5),           # no input features: y = b, zero grad_input
-    Case((5,), 3, 0),           # no output features: empty output
-    Case((), 1, 300),           # 1-D input, one input feature
-]
-
-
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("case", AWKWARD, ids=str)
@@ -445,27 +415,6 @@ def test_tour_registration():
     assert TOUR["peak_gflops"] is peak_gflops
     points = {point.name: point for point in importlib.metadata.entry_points(group="eml.tour")}
     assert points["06_tpp"].value == "eml.linear_tpp:TOUR"
-
-
-# -- needs_input_grad and the state: autograd's flags reach C++ --------------------------
-@pytest.mark.parametrize("requires", [(True, False, False), (False, True, False), (False, False, True), (True, True, True)])
-def test_function_passes_needs_input_grad_and_the_state_to_cpp(requires, monkeypatch):
-    """Through autograd: C++ is told exactly which gradients are wanted, and gets the state."""
-    calls = []
-    real_backward = _C.backward
-
-    def spy(grad_output, input, weight, *needs_and_state):
-        calls.append((input is not None, weight is not None, needs_and_state))
-        return real_backward(grad_output, input, weight, *needs_and_state)
-
-    monkeypatch.setattr(_C, "backward", spy)
-    input, weight, bias, _ = tensors(CASES[7])
-    for tensor, flag in zip([input, weight, bias], requires):
-        tensor.requires_grad_(flag)
-    state = _C.LinearState(33, 65)
-    Function.apply(input, weight, bias, state).sum().backward()
-    need_input, need_weight, _ = requires
-    assert calls == [(need_weight, need_input, (*requires, state))]
 
 
 def test_only_float_and_double_kernels_exist():

@@ -12,11 +12,6 @@ class TestLayer(LayerTests):
     double_backward = True  # autograd derived the backward from differentiable operations
 
 
-def test_course_signature():
-    layer = Layer(i_n_features_input=3, i_n_features_output=2, bias=False)
-    assert (layer.in_features, layer.out_features) == (3, 2)
-
-
 def test_same_initialisation_as_nn_linear_for_the_same_seed():
     torch.manual_seed(7)
     reference = torch.nn.Linear(10, 4)

@@ -50,7 +50,7 @@ def test_forward_saves_only_what_the_backward_needs():
 
 
 def test_wrong_backward_is_caught_by_gradcheck():
-    """The safety net works: a backward with W^T in place of W fails gradcheck."""
+    """The safety net works: a backward whose grad_input is twice too large fails gradcheck."""
 
     class Wrong(Function):
         @staticmethod

@@ -75,17 +75,24 @@ class Layer(torch.nn.Module):
     packed weight. pybind11 owns it; it is freed with the layer.
     """
 
-    def __init__(self, i_n_features_input: int, i_n_features_output: int, bias: bool = True):
+    def __init__(self, in_features: int = None, out_features: int = None, bias: bool = True, device=None, dtype=None,
+                 *, i_n_features_input: int = None, i_n_features_output: int = None):
         super().__init__()
-        self.in_features = i_n_features_input
-        self.out_features = i_n_features_output
-        self.weight = torch.nn.Parameter(torch.empty(i_n_features_output, i_n_features_input))
+        # nn.Linear's argument names, or the course's (i_n_features_input, i_n_features_output).
+        in_features = in_features if i_n_features_input is None else i_n_features_input
+        out_features = out_features if i_n_features_output is None else i_n_features_output
+        if in_features is None or out_features is None:
+            raise TypeError(f"Layer() needs in_features and out_features, got {in_features} and {out_features}")
+        self.in_features = in_features
+        self.out_features = out_features
+        factory = {"device": device, "dtype": dtype}  # as nn.Linear: where and in which dtype the parameters live
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **factory))
         if bias:
-            self.bias = torch.nn.Parameter(torch.empty(i_n_features_output))
+            self.bias = torch.nn.Parameter(torch.empty(out_features, **factory))
         else:
             self.register_parameter("bias", None)  # keeps `layer.bias` defined (as None)
         # Allocates the state and generates the kernels that do not depend on the batch size.
-        self.state = _C.LinearState(i_n_features_input, i_n_features_output)
+        self.state = _C.LinearState(in_features, out_features)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -10,8 +10,10 @@ import pathlib
 import pytest
 import torch
 
-from eml.common.checks import CASES, Case, FunctionTests, LayerTests, assert_close, expect_error
-from eml.common.cpp_checks import CppModuleTests, assert_no_matrix_product, expected_grads, tensors
+from eml.common.checks import FunctionTests, LayerTests, expect_error
+from eml.common.cpp_checks import (
+    AWKWARD, CppModuleTests, assert_no_matrix_product, assert_results_close, everything, expected_grads, tensors,
+)
 from eml.linear_cpp_naive import TOUR, Function, Layer, _C
 
 STAGE = pathlib.Path(__file__).resolve().parents[1]  # 05_cpp_naive/, as shipped in the repository
@@ -50,6 +52,9 @@ class TestModule(CppModuleTests):
     def backward(self, grad_output, input, weight, need_input, need_weight, need_bias):
         return _C.backward(grad_output, input, weight, need_input, need_weight, need_bias, self.loop_order)
 
+    def apply(self, input, weight, bias):
+        return Function.apply(input, weight, bias, self.loop_order), (self.loop_order,)
+
 
 class TestModuleTextbook(TestModule):
     loop_order = "textbook"
@@ -58,37 +63,16 @@ class TestModuleTextbook(TestModule):
     test_course_functions_called_directly = None
 
 
-def everything(input, weight, bias, grad_output, loop_order):
-    """output and the three gradients of one loop order, straight from the extension."""
-    return [_C.forward(input, weight, bias, loop_order), *_C.backward(grad_output, input, weight, True, True, True, loop_order)]
-
-
-NAMES = ["output", "grad_input", "grad_weight", "grad_bias"]
-
-
 # -- the two loop orders: each other and the reference, on shapes that fit no vector width --
-AWKWARD = [
-    Case((1823,), 31, 7),      # a tall batch, few features (the Triton tutorials' 1823)
-    Case((3,), 781, 129),      # wide rows: a row of W spans many cache lines
-    Case((5, 7, 3), 67, 257),  # three leading dimensions, odd sizes everywhere
-    Case((0,), 9, 4),          # nothing to do: empty output, zero weight gradient
-    Case((), 1, 300),          # 1-D input, one input feature
-    Case((4,), 0, 3),          # no input features: y = b, grad_input empty
-    Case((4,), 3, 0),          # no output features: y empty, grad_input zero
-]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("case", AWKWARD, ids=str)
 def test_loop_orders_agree_with_each_other_and_the_reference(case, dtype):
     input, weight, bias, grad_output = tensors(case, dtype)
     reference = [torch.nn.functional.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
-    results = {order: everything(input, weight, bias, grad_output, order) for order in LOOP_ORDERS}
-    for name, cache_aware, textbook, want in zip(NAMES, results["cache_aware"], results["textbook"], reference):
-        assert cache_aware.shape == textbook.shape == want.shape, name
-        assert_close(cache_aware, textbook, dtype, f"{name}: cache_aware against textbook")
-        assert_close(cache_aware, want, dtype, f"{name}: cache_aware against torch")
-        assert_close(textbook, want, dtype, f"{name}: textbook against torch")
+    results = {order: everything(_C, input, weight, bias, grad_output, order) for order in LOOP_ORDERS}
+    assert_results_close(results["cache_aware"], results["textbook"], case, dtype, "cache_aware against textbook")
+    assert_results_close(results["cache_aware"], reference, case, dtype, "cache_aware against torch")
+    assert_results_close(results["textbook"], reference, case, dtype, "textbook against torch")
 
 
 @pytest.mark.parametrize("loop_order", LOOP_ORDERS)
@@ -114,26 +98,6 @@ def test_tour_registers_both_loop_orders():
     layers = TOUR["layers"]
     assert all(len(label) <= 22 for label in layers), "the tour's table has 22 characters for a label"
     assert sorted(layer.loop_order for layer in (make(4, 2) for make in layers.values())) == sorted(LOOP_ORDERS)
-
-
-# -- needs_input_grad: autograd's flags reach C++ ------------------------------------------
-@pytest.mark.parametrize("requires", [(True, False, False), (False, True, False), (False, False, True), (True, True, True)])
-def test_function_passes_needs_input_grad_to_cpp(requires, monkeypatch):
-    """Through autograd: C++ is told exactly which gradients are wanted, and gets no extra tensor."""
-    calls = []
-    real_backward = _C.backward
-
-    def spy(grad_output, input, weight, *needs_and_order):
-        calls.append((input is not None, weight is not None, needs_and_order[:3]))
-        return real_backward(grad_output, input, weight, *needs_and_order)
-
-    monkeypatch.setattr(_C, "backward", spy)
-    input, weight, bias, _ = tensors(CASES[7])
-    for tensor, flag in zip([input, weight, bias], requires):
-        tensor.requires_grad_(flag)
-    Function.apply(input, weight, bias).sum().backward()
-    need_input, need_weight, _ = requires
-    assert calls == [(need_weight, need_input, requires)]
 
 
 def test_only_float_and_double_loops_exist():

@@ -1,0 +1,75 @@
+"""Every stage folder has the same shape, so that `diff -ru` between a stage and the one it grew
+from prints the lesson and nothing else (README: "The shape of a stage").
+
+LESSONS names, for every stage, the stage it was copied from and the files it adds or drops on
+purpose; every other file must exist in both, under the same relative path. A stage that starts
+a new example (or a new way to extend PyTorch) names no predecessor. A new stage folder fails
+this test until it is entered here.
+"""
+
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# stage: (the stage it grew from or None, files it adds, files it drops)
+LESSONS = {
+    "01_python_layer": (None, set(), set()),
+    "02_python_function": ("01_python_layer", set(), set()),
+    # A detour: pybind11 on its own, before any linear-layer code goes to C++.
+    "03_hello_cpp": ("02_python_function", {"src/hello.cpp", "src/jit.py"}, {"src/layer.py"}),
+    "04_cpp_aten": ("02_python_function", {"src/FunctionCpp.cpp"}, set()),
+    "05_cpp_naive": ("04_cpp_aten", set(), set()),
+    "06_tpp": ("05_cpp_naive", {"src/FunctionCpp.h", "src/bindings.cpp", "src/blocked_gemm.h", "src/kernel.h", "src/linear_state.h"}, set()),
+}
+
+# Every stage folder holds at least these.
+REQUIRED = {"README.md", "setup.py", "src/__init__.py", "tests/test_stage.py"}
+
+DIFF_OPTIONS = "-x build -x '*.egg-info' -x __pycache__"
+
+
+def stage_folders():
+    return sorted(p.name for p in ROOT.iterdir() if p.is_dir() and re.fullmatch(r"\d\d_\w+", p.name))
+
+
+def tracked_files(stage):
+    """The stage's files as git tracks them (build outputs are never tracked), relative to it."""
+    out = subprocess.run(["git", "ls-files", stage], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {line[len(stage) + 1:] for line in out.splitlines()}
+
+
+def test_every_stage_folder_is_declared():
+    undeclared = sorted(set(stage_folders()) - set(LESSONS))
+    assert not undeclared, f"add these stages to LESSONS in {__file__}: {undeclared}"
+
+
+@pytest.mark.parametrize("stage", stage_folders())
+def test_stage_has_the_common_shape(stage):
+    missing = sorted(REQUIRED - tracked_files(stage))
+    assert not missing, f"{stage} lacks {missing}"
+    setup = (ROOT / stage / "setup.py").read_text()
+    assert re.search(r'package_dir=\{"eml\.[\w.]+": "src"\}', setup), f"{stage}/setup.py: map the package to src/ with package_dir"
+
+
+@pytest.mark.parametrize("stage", [s for s in stage_folders() if s in LESSONS and LESSONS[s][0]])
+def test_diff_with_the_previous_stage_is_the_lesson(stage):
+    previous, added, dropped = LESSONS[stage]
+    before, after = tracked_files(previous), tracked_files(stage)
+    assert after - before == added, f"{stage} adds {sorted(after - before)}; declared: {sorted(added)}"
+    assert before - after == dropped, f"{stage} drops {sorted(before - after)}; declared: {sorted(dropped)}"
+    # The README shows the command that prints the lesson.
+    command = f"diff -ru {DIFF_OPTIONS} {previous} {stage}"
+    assert command in (ROOT / stage / "README.md").read_text(), f"{stage}/README.md should show `{command}`"
+
+
+def test_the_check_fails_on_a_renamed_file(monkeypatch):
+    """The guard itself can fail: a stage that renames its test file no longer matches."""
+    real = tracked_files
+    renamed = lambda stage: {"tests/test_05.py" if f == "tests/test_stage.py" else f for f in real(stage)}
+    monkeypatch.setitem(globals(), "tracked_files", lambda stage: renamed(stage) if stage == "05_cpp_naive" else real(stage))
+    with pytest.raises(AssertionError, match="test_05.py"):
+        test_diff_with_the_previous_stage_is_the_lesson("05_cpp_naive")
