@@ -208,6 +208,20 @@ class LayerTests:
         names = sorted(name for name, _ in layer.named_parameters())
         assert names == sorted(name for name, _ in reference.named_parameters())
 
+    def test_accepts_what_nn_linear_accepts(self):
+        """Keywords as nn.Linear takes them (in_features, out_features, bias, device, dtype),
+        and the course's names for the sizes (i_n_features_input, i_n_features_output)."""
+        layer = self.make_layer(in_features=4, out_features=2, bias=False)
+        assert (layer.in_features, layer.out_features, layer.bias) == (4, 2, None)
+        layer = self.make_layer(i_n_features_input=4, i_n_features_output=2)
+        assert layer.weight.shape == (2, 4) and layer.bias.shape == (2,)
+        layer = self.make_layer(5, 3, dtype=torch.float64, device="cpu")
+        assert layer.weight.dtype == layer.bias.dtype == torch.float64
+        x = torch.randn(2, 5, dtype=torch.float64)
+        assert_close(layer(x), F.linear(x, layer.weight, layer.bias), torch.float64, "output of a dtype=float64 layer")
+        layer = self.make_layer(5, 3, device="meta")  # as nn.Linear: parameters without memory
+        assert layer.weight.device.type == layer.bias.device.type == "meta"
+
     def test_extra_repr_names_the_sizes(self):
         text = repr(self.make_layer(37, 11, bias=False))
         for fragment in ("37", "11", "bias=False"):

@@ -35,6 +35,21 @@ from eml.common.checks import CASES, Case, assert_close, expect_error, make_inpu
 # No input features (y = b, empty grad_input) or no output features (empty y, zero grad_input).
 ZERO_FEATURES = [Case((4,), 0, 3), Case((4,), 3, 0)]
 
+# Shapes that fit no vector width and no block: every C++ stage's products against torch.
+AWKWARD = [
+    Case((1823,), 31, 7),       # a tall batch, few features (the Triton tutorials' 1823)
+    Case((3,), 781, 129),       # wide rows: a row of W spans many cache lines; 129 = 2 * 64 + 1
+    Case((5, 7, 3), 67, 257),   # three leading dimensions, odd sizes everywhere
+    Case((131,), 257, 263),     # primes past any block in every dimension
+    Case((1100,), 1030, 65),    # K > 1024: a reduction longer than one cache-sized step
+    Case((0,), 9, 4),           # nothing to do: empty output, zero weight gradient
+    Case((3,), 0, 5),           # no input features: y = b, empty grad_input
+    Case((5,), 3, 0),           # no output features: empty output, zero grad_input
+    Case((), 1, 300),           # 1-D input, one input feature
+]
+
+NAMES = ["output", "grad_input", "grad_weight", "grad_bias"]
+
 # (need_grad_input, need_grad_weight, need_grad_bias)
 NEEDS = [(True, False, False), (False, True, False), (False, False, True), (True, True, True), (False, True, True)]
 
@@ -60,6 +75,26 @@ def expected_grads(input, weight, grad_output):
     )
 
 
+def everything(module, input, weight, bias, grad_output, *extra):
+    """output and the three gradients straight from a compiled module; ``extra`` are the stage's
+    own trailing arguments of forward and backward (05: a loop order, 06: a LinearState)."""
+    return [module.forward(input, weight, bias, *extra), *module.backward(grad_output, input, weight, True, True, True, *extra)]
+
+
+def assert_results_close(got, want, case, dtype, what=""):
+    """[output, grad_input, grad_weight, grad_bias] against ``want``, shapes included. common/'s
+    tolerance, with float32's absolute part grown like sqrt(terms summed): in_features terms per
+    output element, out_features per grad_input element, N per grad_weight and grad_bias one."""
+    n = math.prod(case.leading)
+    for name, g, w, terms in zip(NAMES, got, want, [case.in_features, case.out_features, n, n]):
+        assert g.shape == w.shape, f"{name} {what}: shape {tuple(g.shape)}, expected {tuple(w.shape)}"
+        if dtype == torch.float64:
+            assert_close(g, w, dtype, f"{name} {case} {what}")
+        else:
+            atol = 2e-5 * math.sqrt(max(1, terms))
+            torch.testing.assert_close(g, w, rtol=2e-5, atol=atol, msg=lambda m: f"{name} {case} {what}: {m}")
+
+
 class CppModuleTests:
     prefix = None               # e.g. "linear_cpp": C++ messages start with "linear_cpp: "
     module = None               # the compiled module (its file is checked for libgomp)
@@ -71,6 +106,11 @@ class CppModuleTests:
         raise NotImplementedError
 
     def backward(self, grad_output, input, weight, need_input, need_weight, need_bias):
+        raise NotImplementedError
+
+    def apply(self, input, weight, bias):
+        """Through the stage's autograd Function: returns the output, and the arguments that the
+        module's backward must receive after its three need_grad flags (a loop order, a state)."""
         raise NotImplementedError
 
     @pytest.fixture
@@ -126,6 +166,27 @@ class CppModuleTests:
                 assert_close(grad, want, torch.float64, f"gradient for needs={needs}")
             else:
                 assert grad is None, f"computed a gradient nobody asked for: needs={needs}"
+
+    @pytest.mark.parametrize("requires", [(True, False, False), (False, True, False), (False, False, True), (True, True, True)])
+    def test_function_passes_needs_input_grad_to_cpp(self, requires, monkeypatch):
+        """Through autograd: C++ is told exactly which gradients are wanted, gets no extra tensor,
+        and gets the stage's own arguments (loop order, state)."""
+        calls = []
+        real_backward = self.module.backward
+
+        def spy(grad_output, input, weight, *needs_and_extra):
+            calls.append((input is not None, weight is not None, needs_and_extra))
+            return real_backward(grad_output, input, weight, *needs_and_extra)
+
+        monkeypatch.setattr(self.module, "backward", spy)
+        input, weight, bias, _ = tensors(CASES[7])
+        for tensor, flag in zip([input, weight, bias], requires):
+            tensor.requires_grad_(flag)
+        output, extra = self.apply(input, weight, bias)
+        output.sum().backward()
+        need_input, need_weight, _ = requires
+        # The input only when grad_weight needs it, the weight only when grad_input does.
+        assert calls == [(need_weight, need_input, (*requires, *extra))]
 
     def test_backward_refuses_a_missing_tensor_it_needs(self):
         input, weight, _, grad_output = tensors(CASES[7])
@@ -209,10 +270,10 @@ def matrix_product_calls(path):
 
 
 def assert_no_matrix_product(stage_dir):
-    """Every C++ file and Python file of a stage is free of ATen/BLAS matrix products."""
-    stage_dir = pathlib.Path(stage_dir)
-    sources = sorted(stage_dir.glob("*.cpp")) + sorted((stage_dir / "eml").rglob("*.py"))
-    assert any(p.suffix == ".cpp" for p in sources), f"no C++ source found in {stage_dir}"
+    """Every C++ and Python source of a stage (its src/ folder) is free of ATen/BLAS matrix products."""
+    source_dir = pathlib.Path(stage_dir) / "src"
+    sources = sorted(p for p in source_dir.rglob("*") if p.suffix in (".cpp", ".h", ".cu", ".py"))
+    assert any(p.suffix == ".cpp" for p in sources), f"no C++ source found in {source_dir}"
     for path in sources:
         calls = matrix_product_calls(path)
-        assert not calls, f"{path.relative_to(stage_dir)} calls a matrix product: {calls}"
+        assert not calls, f"{path.relative_to(source_dir)} calls a matrix product: {calls}"
