@@ -17,4 +17,5 @@ def test_quick_tour_reports_every_installed_stage():
     rows = [line for line in out.splitlines() if "64x256x256" in line and "max|err|" not in line and "timing" not in line]
     assert rows[0].startswith("torch.nn.Linear"), "torch.nn.Linear must be the first timing row"
     layers = [label for point in importlib.metadata.entry_points(group="eml.tour") for label in point.load().get("layers", {})]
-    assert len(rows) == 1 + len(layers), "one timing row per layer, after torch.nn.Linear's"
+    assert rows[1].startswith("numpy (OpenBLAS)"), "the second baseline: the same layer on numpy's BLAS"
+    assert len(rows) == 2 + len(layers), "one timing row per layer, after the two baselines"

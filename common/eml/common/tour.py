@@ -29,13 +29,15 @@ import argparse
 import importlib
 import importlib.metadata
 import math
+import os
 import platform
+import subprocess
 import sys
 import time
 
 import torch
 
-from eml.common import checks, timing
+from eml.common import checks, numpy_linear, timing
 
 BASELINE = "torch.nn.Linear"
 
@@ -59,6 +61,22 @@ def cpu_name():
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def mkl_path():
+    """Which code path torch's float32 GEMM takes: MKL prints it under MKL_VERBOSE=1 (README).
+
+    Run in a child process: MKL reads MKL_VERBOSE once, when it loads."""
+    code = "import torch; torch.mm(torch.ones(64, 64), torch.ones(64, 64))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MKL_VERBOSE": "1"},
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "code path unknown"
+    for line in out.splitlines():
+        if "processors" in line:  # "... for Intel(R) 64 architecture Intel(R) Architecture processors, ..."
+            return line.split(" for ", 1)[-1].split(",")[0].strip()
+    return "no MKL_VERBOSE banner: another BLAS?"
 
 
 def check_layer(make_layer, shape):
@@ -99,7 +117,9 @@ def main(argv=None):
         print("no stage is installed: run `make` (or pip install --no-build-isolation ./NN_stage)")
         return 1
 
-    failures, makers, peak = [], {BASELINE: lambda i, o: torch.nn.Linear(i, o)}, None
+    # Two baselines: torch.nn.Linear (MKL here) and the same layer on numpy's OpenBLAS.
+    makers = {BASELINE: lambda i, o: torch.nn.Linear(i, o), numpy_linear.LABEL: numpy_linear.NumpyLinear}
+    failures, peak = [], None
     for index, (name, stage) in enumerate(stages, 1):
         print(f"[{index}/{len(stages)}] {name}", flush=True)
         if "demo" in stage:
@@ -130,6 +150,7 @@ def main(argv=None):
 
     print(f"\ntiming: float32, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds;"
           f" x = speed-up over {BASELINE}", flush=True)
+    print(f"  {BASELINE} runs MKL's SGEMM ({mkl_path()}); {numpy_linear.LABEL} runs {numpy_linear.blas_name()}", flush=True)
     results = []
     for shape in shapes:
         start = time.perf_counter()
