@@ -56,10 +56,20 @@ $(STAMPS)/common: $(STAMPS)/venv $(shell find common -type f -not -path '*/build
 	@$(PY) -m pip install --quiet --no-build-isolation ./common
 	@touch $@
 
+# True (exit 0) when this torch is a CUDA build that sees a GPU.
+export CUDA_CHECK := import torch, sys; sys.exit(not (torch.version.cuda and torch.cuda.is_available()))
+
+# Each stage is installed with tools/run-with-progress.sh, which prints the elapsed time while a
+# C++ build runs. A stage whose setup.py builds a CUDAExtension needs a CUDA build of torch and a GPU: where
+# there is none (the CPU build pinned in requirements.txt), it is skipped with one line.
 define stage_rule
 $(STAMPS)/$(1): $(STAMPS)/venv $(STAMPS)/libxsmm $(shell find $(1) -type f -not -path '*/build/*' -not -path '*.egg-info*' -not -path '*/tests/*' -not -name '*.pyc')
-	@echo "==> building and installing $(1)"
-	@$(PY) -m pip install --quiet --no-build-isolation ./$(1)
+	@if grep -q CUDAExtension $(1)/setup.py && ! $(PY) -c "$$$$CUDA_CHECK"; then \
+	    echo "==> skipping $(1): it builds CUDA kernels, and this torch has no CUDA build or sees no GPU"; \
+	else \
+	    echo "==> building and installing $(1)"; \
+	    tools/run-with-progress.sh $(1) $(PY) -m pip install --quiet --no-build-isolation ./$(1); \
+	fi
 	@touch $$@
 endef
 $(foreach stage,$(STAGES),$(eval $(call stage_rule,$(stage))))
