@@ -1,0 +1,279 @@
+"""Stage 12's tests, in two halves.
+
+Without a GPU (this tutorial's own machines: torch's CPU build) the stage is not installed, and
+the tests that run the kernels skip with the reason. What can be checked without a GPU still
+runs: the CUDA and C++ sources are read for the defects the seed texts are known for (a launch
+on the default stream, no launch check, a bounds guard missing on one dimension, float-only
+maths such as fmaxf on doubles, raw pointers instead of packed accessors), each check is shown
+to fail on a broken snippet, the Python package imports from its source folder and raises a
+clear "needs CUDA" error only when the cell runs, its interface is stage 09's, and setup.py and
+benchmark.py stop with one line.
+
+With a GPU (a CUDA build of torch and this stage installed): the recurrent-cell contract of
+common/ on CUDA tensors in float32 and float64, state sizes that are not multiples of the
+32-wide block, gradcheck in float64, both build routes (setup.py and JIT), a launch on a
+non-default stream and inside a CUDA graph capture (which fails for any launch that is not on
+the current stream), and every input error.
+"""
+
+import importlib
+import importlib.util
+import inspect
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from eml.common.cpp_checks import code_only
+
+STAGE = pathlib.Path(__file__).resolve().parents[1]
+SRC = STAGE / "src"
+KERNEL = SRC / "lltm_cuda_kernel.cu"
+HOST = SRC / "lltm_cuda.cpp"
+
+HAS_GPU = torch.version.cuda is not None and torch.cuda.is_available()
+NO_GPU = (f"needs a GPU and a CUDA build of torch; this is torch {torch.__version__} "
+          f"(torch.version.cuda={torch.version.cuda}, cuda available={torch.cuda.is_available()})")
+
+
+def source_package():
+    """The package as it is in src/, imported under a name that cannot shadow an installed
+    eml.lltm_cuda; its compiled _C is absent there, which is the point."""
+    name = "lltm_cuda_source"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SRC / "__init__.py", submodule_search_locations=[str(SRC)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def installed_package():
+    """eml.lltm_cuda as installed by setup.py, or None (a CPU machine never installs it)."""
+    try:
+        return importlib.import_module("eml.lltm_cuda")
+    except ImportError:
+        return None
+
+
+# ---- 1. The sources, read without compiling them ----
+
+def kernels(code):
+    """{name: body} of every __global__ function in code (comments and strings removed)."""
+    found = {}
+    for match in re.finditer(r"__global__\s+void\s+(\w+)\s*\(", code):
+        start = code.index("{", match.end())
+        depth, end = 0, start
+        for end in range(start, len(code)):
+            depth += {"{": 1, "}": -1}.get(code[end], 0)
+            if depth == 0:
+                break
+        found[match.group(1)] = code[match.end():end + 1]  # parameters and body
+    return found
+
+
+def launches(code):
+    """(launch configuration, arguments, the code right after the statement) of each <<<...>>>."""
+    found = []
+    for match in re.finditer(r"<<<(.*?)>>>\s*\(", code, flags=re.S):
+        depth, end = 1, match.end()
+        while depth and end < len(code):
+            depth += {"(": 1, ")": -1}.get(code[end], 0)
+            end += 1
+        arguments = code[match.end():end - 1]
+        rest = code[end:].lstrip()
+        found.append(([part.strip() for part in match.group(1).split(",")], arguments, rest[1:].lstrip() if rest.startswith(";") else rest))
+    return found
+
+
+def kernel_defects(text):
+    """The defects of a .cu source the seed texts are known for; [] for a clean one."""
+    code = code_only(text, "//")
+    defects = []
+    if "AT_DISPATCH_FLOATING_TYPES" not in code:
+        defects.append("no AT_DISPATCH_FLOATING_TYPES: the kernels do not run in float64")
+    for function in re.findall(r"\b(fmaxf|fminf|expf|expm1f|tanhf|__expf|__tanhf|logf)\s*\(", code):
+        defects.append(f"{function}() is float-only: it rounds a double to float")
+    if re.search(r"\bdata_ptr\b|\.data<|packed_accessor64|\.accessor<", code):
+        defects.append("raw pointers or non-packed accessors: use packed_accessor32")
+    streams = set(re.findall(r"(\w+)\s*=\s*at::cuda::getCurrentCUDAStream\(\s*\)", code))
+    found = launches(code)
+    if not found:
+        defects.append("no kernel launch found")
+    for configuration, arguments, after in found:
+        if len(configuration) < 4 or configuration[3] not in streams and "getCurrentCUDAStream" not in configuration[3]:
+            defects.append(f"launch <<<{', '.join(configuration)}>>> is not on at::cuda::getCurrentCUDAStream()")
+        if not after.startswith("C10_CUDA_KERNEL_LAUNCH_CHECK()"):
+            defects.append(f"launch <<<{', '.join(configuration)}>>> is not followed by C10_CUDA_KERNEL_LAUNCH_CHECK()")
+        parts = [part for part in re.split(r",\s*(?![^<]*>)", arguments) if part.strip()]
+        if sum("packed_accessor32<" in part for part in parts) != len(parts):
+            defects.append(f"launch <<<{', '.join(configuration)}>>> passes something other than packed_accessor32")
+    for name, body in kernels(code).items():
+        sizes = dict(re.findall(r"(\w+)\s*=\s*\w+\.size\((\d)\)", body))  # name -> dimension
+        rows = [n for n, d in sizes.items() if d == "0"]
+        columns = [n for n, d in sizes.items() if d != "0"]
+        row = re.search(r"(\w+)\s*=\s*blockIdx\.y\b", body)
+        column = re.search(r"(\w+)\s*=\s*blockIdx\.x\b", body)
+        if not row or not any(re.search(rf"\b{row.group(1)}\s*<\s*{n}\b", body) for n in rows):
+            defects.append(f"{name}: no bounds guard on the batch dimension (row < size(0))")
+        if not column or not any(re.search(rf"\b{column.group(1)}\s*<\s*{n}\b", body) for n in columns):
+            defects.append(f"{name}: no bounds guard on the state dimension (column < size(last))")
+    return defects
+
+
+def host_defects(text):
+    """The defects of the host .cpp: asserts instead of TORCH_CHECK, unchecked device or dtype."""
+    code = code_only(text, "//")
+    defects = []
+    if re.search(r"\bassert\s*\(", code):
+        defects.append("assert() vanishes under -DNDEBUG: use TORCH_CHECK")
+    for needed, what in [("is_cuda()", "the device is CUDA"), (".device() ==", "one device"),
+                         ("scalar_type()", "the dtype"), ("sizes()", "the shapes"),
+                         ("CUDAGuard", "a device guard")]:
+        if needed not in code:
+            defects.append(f"no check of {what} ({needed})")
+    if not re.search(r"\baddmm\s*\(", code) or not re.search(r"\.mm\s*\(", code):
+        defects.append("the GEMMs are not on ATen (addmm / mm)")
+    return defects
+
+
+def test_kernel_source_has_none_of_the_known_defects():
+    assert kernel_defects(KERNEL.read_text()) == []
+
+
+def test_host_source_checks_its_inputs_and_uses_cublas():
+    assert host_defects(HOST.read_text()) == []
+
+
+def test_two_kernels_each_launched_once():
+    code = code_only(KERNEL.read_text(), "//")
+    assert sorted(kernels(code)) == ["lltm_cuda_backward_kernel", "lltm_cuda_forward_kernel"]
+    assert len(launches(code)) == 2
+
+
+GOOD_KERNEL = """
+template <typename scalar_t>
+__global__ void k(const Accessor<scalar_t, 2> a, Accessor<scalar_t, 2> b) {
+  const int batch_size = a.size(0);
+  const int state_size = a.size(1);
+  const int column = blockIdx.x * blockDim.x + threadIdx.x;
+  const int row = blockIdx.y * blockDim.y + threadIdx.y;
+  if (row < batch_size && column < state_size) b[row][column] = a[row][column];
+}
+void f(at::Tensor a, at::Tensor b) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "f", ([&] {
+    k<scalar_t><<<grid, block, 0, stream>>>(
+        a.packed_accessor32<scalar_t, 2, at::RestrictPtrTraits>(),
+        b.packed_accessor32<scalar_t, 2, at::RestrictPtrTraits>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }));
+}
+"""
+
+BROKEN_KERNELS = {
+    "default stream": ("<<<grid, block, 0, stream>>>", "<<<grid, block>>>"),
+    "no launch check": ("C10_CUDA_KERNEL_LAUNCH_CHECK();", ""),
+    "no row guard": ("row < batch_size && ", ""),
+    "no column guard": (" && column < state_size", ""),
+    "column against the batch": ("column < state_size", "column < batch_size"),
+    "fmaxf": ("b[row][column] = a[row][column]", "b[row][column] = fmaxf(a[row][column], 0)"),
+    "raw pointer": ("b.packed_accessor32<scalar_t, 2, at::RestrictPtrTraits>()", "b.data_ptr<scalar_t>()"),
+    "float only": ("AT_DISPATCH_FLOATING_TYPES", "AT_DISPATCH_SWITCH"),
+}
+
+
+def test_the_snippet_the_broken_ones_come_from_is_clean():
+    assert kernel_defects(GOOD_KERNEL) == []
+
+
+@pytest.mark.parametrize("defect", sorted(BROKEN_KERNELS))
+def test_kernel_check_finds_each_defect(defect):
+    old, new = BROKEN_KERNELS[defect]
+    assert old in GOOD_KERNEL
+    assert kernel_defects(GOOD_KERNEL.replace(old, new)) != []
+
+
+def test_kernel_check_ignores_comments():
+    commented = GOOD_KERNEL + "\n// fmaxf(x, y) would truncate doubles; <<<grid, block>>> is the default stream\n"
+    assert kernel_defects(commented) == []
+
+
+@pytest.mark.parametrize("old, new", [("TORCH_CHECK(", "assert("), ("is_cuda()", "is_cpu()"), ("at::addmm(", "at::matmul(")])
+def test_host_check_finds_each_defect(old, new):
+    text = HOST.read_text()
+    assert old in text
+    assert host_defects(text.replace(old, new, 1)) != []
+
+
+# ---- 2. The Python package without the compiled module ----
+
+def test_package_imports_from_source_without_the_extension():
+    package = source_package()
+    cell = package.LLTM(5, 7)
+    assert cell.weights.shape == (21, 12) and cell.bias.shape == (21,)
+    bound = 1 / 7 ** 0.5
+    assert all(p.abs().max() <= bound for p in cell.parameters())
+    assert package.TOUR == {} or isinstance(package.TOUR, dict)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is here: the source package's error is for CPU machines")
+def test_running_the_cell_without_cuda_says_it_needs_cuda():
+    package = source_package()
+    cell = package.LLTM(5, 7)
+    state = (torch.zeros(2, 7), torch.zeros(2, 7))
+    with pytest.raises(RuntimeError, match=r"eml\.lltm_cuda needs CUDA: torch .* (CPU-only build|sees no GPU)"):
+        cell(torch.zeros(2, 5), state)
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        package.LLTMFunction.apply(torch.zeros(2, 5), cell.weights, cell.bias, *state)
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch: jit.build() would compile")
+def test_jit_route_without_cuda_says_it_needs_cuda():
+    source_package()
+    jit = importlib.import_module("lltm_cuda_source.jit")
+    with pytest.raises(RuntimeError, match=r"needs CUDA: torch .* is a CPU-only build"):
+        jit.build()
+
+
+def signatures(package):
+    return {
+        "LLTM.__init__": inspect.signature(package.LLTM.__init__),
+        "LLTM.forward": inspect.signature(package.LLTM.forward),
+        "LLTMFunction.forward": inspect.signature(package.LLTMFunction.forward),
+        "LLTMFunction.backward": inspect.signature(package.LLTMFunction.backward),
+    }
+
+
+def test_interface_is_stage_09s():
+    python = pytest.importorskip("eml.lltm_python", reason="stage 09 (eml.lltm_python) is not installed")
+    ours, theirs = signatures(source_package()), signatures(python)
+    for name in ours:
+        assert ours[name] == theirs[name], f"{name}: stage 12 {ours[name]} != stage 09 {theirs[name]}"
+    cell, reference = source_package().LLTM(5, 7), python.LLTM(5, 7)
+    assert {n: p.shape for n, p in cell.named_parameters()} == {n: p.shape for n, p in reference.named_parameters()}
+
+
+# ---- 3. setup.py and benchmark.py where there is no CUDA ----
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch: setup.py would build")
+def test_setup_py_stops_with_one_line_without_cuda():
+    result = subprocess.run([sys.executable, "setup.py", "build_ext"], cwd=STAGE, capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert re.match(r"12_lltm_cuda: cannot build stage 12 \(CUDA kernels\): torch \S+ is a CPU-only build", lines[0])
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is here: benchmark.py would run")
+def test_benchmark_stops_with_one_line_without_a_gpu():
+    result = subprocess.run([sys.executable, str(STAGE / "benchmark.py")], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert result.returncode == 1
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("benchmark.py: needs a GPU"), lines
