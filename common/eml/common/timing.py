@@ -94,8 +94,12 @@ def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_t
 
 
 def format_table(timings, baseline_label, peak_gflops=None):
-    """A text table: one row per (shape, layer); speed-ups are relative to baseline_label."""
-    header = f"{'stage':<22} {'N x in x out':>16} {'fwd us':>10} {'fwd+bwd us':>11} {'fwd GF/s':>9} {'f+b GF/s':>9}"
+    """A text table: one row per (shape, layer); speed-ups are relative to baseline_label.
+
+    The +-% columns are each timing's spread, its interquartile range over the median: a
+    speed-up smaller than the two rows' spreads is no speed-up."""
+    header = (f"{'stage':<22} {'N x in x out':>16} {'fwd us':>10} {'+-%':>4} {'fwd+bwd us':>11} {'+-%':>4}"
+              f" {'fwd GF/s':>9} {'f+b GF/s':>9}")
     if peak_gflops:
         header += f" {'fwd %pk':>7} {'f+b %pk':>7}"
     header += f" {'fwd x':>6} {'f+b x':>6}"
@@ -108,7 +112,8 @@ def format_table(timings, baseline_label, peak_gflops=None):
         previous_shape = t.shape
         base = baselines.get(t.shape)
         shape = "x".join(str(s) for s in t.shape)
-        row = (f"{t.label:<22} {shape:>16} {t.forward_us:>10.1f} {t.training_us:>11.1f}"
+        row = (f"{t.label:<22} {shape:>16} {t.forward_us:>10.1f} {100 * t.forward_spread:>4.0f}"
+               f" {t.training_us:>11.1f} {100 * t.training_spread:>4.0f}"
                f" {t.forward_gflops:>9.1f} {t.training_gflops:>9.1f}")
         if peak_gflops:
             row += f" {100 * t.forward_gflops / peak_gflops:>6.0f}% {100 * t.training_gflops / peak_gflops:>6.0f}%"
