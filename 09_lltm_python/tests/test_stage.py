@@ -1,0 +1,38 @@
+"""Stage 09's tests: the recurrent-cell contract (common/) for the module (autograd, so its
+gradients can be differentiated again) and for the hand-written LLTMFunction; the derivative
+helpers against autograd; a wrong backward caught by gradcheck."""
+
+import pytest
+import torch
+from torch.autograd.gradcheck import GradcheckError
+
+from eml.common.lltm_checks import CellTests, Shape, gradcheck_cell
+from eml.lltm_python import LLTM, LLTMFunction, LLTMWithFunction
+from eml.lltm_python import lltm
+
+
+class TestCell(CellTests):
+    make_cell = staticmethod(LLTM)
+    function = staticmethod(LLTMFunction.apply)
+    prefix = "lltm_python"
+    double_backward = True  # plain autograd all the way
+
+
+class TestCellWithFunction(CellTests):
+    make_cell = staticmethod(LLTMWithFunction)
+    prefix = "lltm_python"  # the Function's own checks run in TestCell
+
+
+@pytest.mark.parametrize("name, function", [("d_sigmoid", torch.sigmoid), ("d_tanh", torch.tanh),
+                                            ("d_elu", torch.nn.functional.elu)])
+def test_derivatives_match_autograd(name, function):
+    z = torch.linspace(-4, 4, 101, dtype=torch.float64, requires_grad=True)
+    (expected,) = torch.autograd.grad(function(z).sum(), z)
+    torch.testing.assert_close(getattr(lltm, name)(z.detach()), expected)
+
+
+def test_a_wrong_backward_is_caught_by_gradcheck(monkeypatch):
+    # d_tanh written as 1 - tanh(z) (the square forgotten): gradcheck must say so.
+    monkeypatch.setattr(lltm, "d_tanh", lambda z: 1 - z.tanh())
+    with pytest.raises(GradcheckError):
+        gradcheck_cell(LLTMFunction.apply, Shape(3, 4, 5))
