@@ -52,6 +52,11 @@ def check_linear_inputs(input, weight, bias) -> None:
         raise ValueError(f"c_ffi.linear: bias must have shape [{weight.shape[0]}] (out_features), got {list(bias.shape)}")
 
 
+def as_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """(*, n) -> (N, n), N the product of the leading dimensions (reshape(-1, n) fails when n == 0)."""
+    return tensor.reshape(math.prod(tensor.shape[:-1]), tensor.shape[-1])
+
+
 def check_add_inputs(a, b) -> None:
     """The add's shape/dtype/device checks that need no memory (also run on FakeTensors)."""
     for name, tensor in (("a", a), ("b", b)):
@@ -82,7 +87,7 @@ def add_backward(grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T + b in C for an input of shape (*, in_features), no autograd."""
     check_linear_inputs(input, weight, bias)
-    input_2d = input.reshape(-1, input.shape[-1]).contiguous()  # every leading dimension is a row
+    input_2d = as_rows(input).contiguous()  # every leading dimension is a row
     weight_contiguous = weight.contiguous()
     bias_contiguous = None if bias is None else bias.contiguous()
     output = clib.linear_forward(input_2d, weight_contiguous, bias_contiguous)
@@ -129,12 +134,12 @@ class LinearFunction(torch.autograd.Function):
         input, weight = ctx.saved_tensors
         needs_input, needs_weight, needs_bias = (*ctx.needs_input_grad, False)[:3]
         grad_input = grad_weight = grad_bias = None
-        grad_output_2d = grad_output.reshape(-1, grad_output.shape[-1])  # (N, out)
+        grad_output_2d = as_rows(grad_output)  # (N, out)
         # The C library has a forward only; both matrix products are that forward again.
         if needs_input:  # (N, out) @ (out, in) = linear(grad_out, W^T)
             grad_input = LinearFunction.apply(grad_output_2d, weight.t()).reshape(ctx.input_shape)
         if needs_weight:  # (out, N) @ (N, in) = linear(grad_out^T, x^T)
-            input_2d = input.reshape(-1, input.shape[-1])
+            input_2d = as_rows(input)
             grad_weight = LinearFunction.apply(grad_output_2d.t(), input_2d.t())
         if needs_bias:
             grad_bias = grad_output_2d.sum(dim=0)

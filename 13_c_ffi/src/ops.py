@@ -78,12 +78,12 @@ def _linear_backward(ctx, grad_output):
     # Why: the formulas of layer.LinearFunction, written with the operator itself, so they are
     # differentiable again (double backward) and traceable by torch.compile.
     input, weight = ctx.saved_tensors
-    grad_output_2d = grad_output.reshape(-1, grad_output.shape[-1])
+    grad_output_2d = layer.as_rows(grad_output)
     grad_input = grad_weight = grad_bias = None
     if ctx.needs_input_grad[0]:
         grad_input = linear(grad_output_2d, weight.t(), None).reshape(input.shape)
     if ctx.needs_input_grad[1]:
-        grad_weight = linear(grad_output_2d.t(), input.reshape(-1, input.shape[-1]).t(), None)
+        grad_weight = linear(grad_output_2d.t(), layer.as_rows(input).t(), None)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         grad_bias = grad_output_2d.sum(dim=0)
     return grad_input, grad_weight, grad_bias
