@@ -1,0 +1,427 @@
+// Stage 08 of "From PyTorch to Machine Code": stage 06's linear layer as registered PyTorch
+// operators (eml::linear and its backward ops, bindings.cpp), so that torch.compile, torch.export,
+// vmap and autocast see it, and one abi3 wheel serves every Python >= 3.10.
+//
+// What stage 06 taught, and this file still does: how a fast matrix product is put together from TPPs (tensor
+// processing primitives): small kernels for one fixed job, here the GEMM block
+//
+//     C (m x n)  (+)=  A (m x k) . B (k x n)        m, n <= 128, k <= 1024 here
+//
+// that LIBXSMM writes as machine code at run time (JIT) for those exact sizes and the CPU it
+// runs on. Where the data lives while a kernel runs, for the 64 x 64 tiles used here:
+//   - registers: the kernel holds a small block of C (a few columns of up to 64 rows) in vector
+//     registers while it runs over k, loading a column of A and broadcasting elements of B.
+//     A whole 64 x 64 float32 tile cannot stay there: it is 16 KB, and all the vector registers
+//     together hold 2 KB (32 x 64 B, AVX-512) or 512 B (16 x 32 B, AVX2);
+//   - L1 (32-48 KB per core): the C tile (16 KB) and the A and B columns in use;
+//   - L2 (512 KB-1 MB per core): the A panel (64 x k floats: 256 KB at k = 1024) and B block,
+//     re-read from there for every register block of C.
+// Our job is the loop nest around the kernels: cut each of the layer's three products into
+// tiles, reduce every tile in k steps, spread the tiles over the threads, and prepare once
+// everything that can be prepared once (the kernels, the plans, the packed weight).
+//
+//   forward:   y           = x W^T + b          (N, in) x (in, out)  -> (N, out)
+//   backward:  grad_input  = grad_output W      (N, out) x (out, in) -> (N, in)
+//              grad_weight = grad_output^T x    (out, N) x (N, in)   -> (out, in)
+//              grad_bias   = sum_N grad_output                        -> (out)
+//
+// The files, in reading order (each opens with what it holds):
+//   kernel.h         1. one JIT kernel: asking LIBXSMM for it, the NULL check
+//   blocked_gemm.h   2. the loop nest around the kernels (BlockedGemm)
+//   linear_state.h   3. the state and caches: kernels, plans, packed weight
+//   FunctionCpp.h    the functions the operators run (declarations)
+//   FunctionCpp.cpp  4. input checks and the process-wide states, 5. the three products on raw
+//                    pointers, 6. forward and backward (bfloat16 too), 7. tools (this file)
+//   bindings.cpp     the operator schemas and registrations (TORCH_LIBRARY), and the empty
+//                    Python module whose import runs them
+//
+// What changed since stage 06: no pybind11 and no LinearState argument. forward and backward take
+// tensors and flags only, as an operator schema demands; the state of each (in, out) pair lives
+// in a process-wide table (state_for, section 4); the weight is packed on every call (no pack
+// cache: README, "State without pybind11"). bfloat16 is accepted and runs on the float32 kernels
+// (section 6). Messages start with "linear_op:".
+// Build and test (LIBXSMM first: `sudo apt-get install -y libxsmm-dev`, or `make` at the root):
+//   pip install --no-build-isolation .   then   pytest tests
+//
+// ---- The views trick: every product computed transposed, so no TRANS_A is ever needed ----
+//
+// LIBXSMM's kernels are column-major: element (i, j) of A lives at a[i + j * lda]. A row-major
+// PyTorch matrix R (r x c) is, in the same memory, the column-major matrix R^T (c x r). So each
+// product is computed on the transposed views, and the operands are read where they lie:
+//
+//   product      row-major (PyTorch)   column-major (LIBXSMM)      A                  B
+//   forward      y  = x W^T            y^T  = W   . x^T            W, packed (below)  x as stored
+//   grad_input   gx = gy W             gx^T = W^T . gy^T           W as stored        gy as stored
+//   grad_weight  gw = gy^T x           gw^T = x^T . gy             x as stored        gy, TRANS_B
+//
+// Only the forward's A is not where it should be: the kernel wants W (out x in) column-major,
+// memory holds W^T. LIBXSMM 1.17 has no TRANS_A (it returns NULL for it), so W is transposed
+// once into panels, the packed weight, and reused while W is unchanged (the pack cache, linear_state.h).
+// grad_weight's TRANS_B is supported: the kernel reads gy^T straight from gy. Its reduction runs
+// over the batch N (the kernel's k), so no two threads ever add into the same tile.
+//
+// ---- The loop nest (BlockedGemm::run) --------------------------------------------------
+//
+//               n: bn-wide blocks (N: the batch for forward and grad_input)
+//             +--------+--------+--------+----+
+//   m:        | (0, 0) | (0, 1) | (0, 2) |    |   C tile (mb, nb), bm x bn: one thread owns it,
+//   bm-high   +--------+--------+--------+----+     for kb in 0 .. nK-1:                (k steps)
+//   blocks    | (1, 0) | (1, 1) |  ...   |    |       C(mb, nb) (+)= A(mb, kb) . B(kb, nb)
+//             +--------+--------+--------+----+     the first step with beta = 0 (C = A B), the
+//             |  tail row: the last block is  |     others beta = 1 (C += A B); with a bias the
+//             +--- smaller, and so its kernel +     tile is pre-filled with b and every step adds
+//                                 ^ tail column
+//
+//   at::parallel_for over the nM * nN tiles: each thread takes a contiguous range of tiles,
+//   in row-block order or column-block order (n_outer), and runs the k loop of each.
+//
+// A tile's kernel depends on whether its row block, column block and k step are full or the
+// smaller last one (the tail), and on beta: 2 x 2 x 2 x 2 = at most 16 kernels per product,
+// dispatched once and looked up by index in the loop (BlockedGemm::kernels).
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "FunctionCpp.h"
+
+namespace linear_op {
+
+// Sections 4 and 5 are internal to this file: the anonymous namespace keeps their names out of
+// the symbols the module exports.
+namespace {
+
+// ---- 4. Input checks, shapes ----------------------------------------------------------
+
+// The stage's one place for input validation; forward and backward call it before anything
+// else, the state included. TORCH_CHECK raises a Python RuntimeError whose message names the
+// problem and the offending value. An absent tensor (std::nullopt) is not checked: the bias
+// when there is none, grad_output in the forward, and in the backward the input or the weight
+// when no requested gradient needs it (grad_input needs the weight, grad_weight the input).
+void check_inputs(const std::optional<torch::Tensor>& i_input,
+                  const std::optional<torch::Tensor>& i_weight,
+                  const std::optional<torch::Tensor>& i_bias,
+                  const std::optional<torch::Tensor>& i_grad_output = std::nullopt,
+                  bool i_need_grad_input = false,
+                  bool i_need_grad_weights = false) {
+  TORCH_CHECK(i_weight || !i_need_grad_input, "linear_op: grad_input needs the weight, got None");
+  TORCH_CHECK(i_input || !i_need_grad_weights, "linear_op: grad_weight needs the input, got None");
+
+  // Device and dtype: CPU tensors, Float or Double (the two types LIBXSMM's GEMMs are built
+  // for here) or BFloat16 (computed on the float32 kernels: section 6), all of the first one's
+  // dtype (the weight's).
+  const std::pair<const char*, const std::optional<torch::Tensor>*> l_tensors[] = {
+      {"weight", &i_weight}, {"input", &i_input}, {"bias", &i_bias}, {"grad_output", &i_grad_output}};
+  const char* l_dtype_from = nullptr;
+  torch::ScalarType l_dtype = torch::kFloat;
+  for (const auto& [l_name, l_tensor] : l_tensors) {
+    if (!l_tensor->has_value()) continue;
+    const torch::Tensor& l_t = l_tensor->value();
+    TORCH_CHECK(l_t.device().is_cpu(), "linear_op: expected the ", l_name, " on the CPU, got device ", l_t.device());
+    TORCH_CHECK(l_t.scalar_type() == torch::kFloat || l_t.scalar_type() == torch::kDouble ||
+                    l_t.scalar_type() == torch::kBFloat16,
+                "linear_op: expected a Float, Double or BFloat16 ", l_name, " dtype, got ", l_t.scalar_type());
+    if (l_dtype_from == nullptr) {
+      l_dtype_from = l_name;
+      l_dtype = l_t.scalar_type();
+    }
+    TORCH_CHECK(l_t.scalar_type() == l_dtype, "linear_op: expected the ", l_name, " dtype ", l_dtype,
+                " (the ", l_dtype_from, "'s), got ", l_t.scalar_type());
+  }
+
+  // Ranks: weight (out_features, in_features), input and grad_output (*, features).
+  if (i_weight) {
+    TORCH_CHECK(i_weight->dim() == 2, "linear_op: expected a 2-d weight (out_features, in_features), got ",
+                i_weight->dim(), " dimension(s): ", i_weight->sizes());
+  }
+  if (i_input) {
+    TORCH_CHECK(i_input->dim() >= 1, "linear_op: expected an input with at least 1 dimension (*, in_features), got a 0-d tensor");
+  }
+  if (i_grad_output) {
+    TORCH_CHECK(i_grad_output->dim() >= 1, "linear_op: expected a grad_output with at least 1 dimension (*, out_features), got a 0-d tensor");
+  }
+
+  // Sizes: the feature counts agree with the weight, the batch dimensions with each other.
+  // The kernels trust these sizes: a wrong one here would be a read out of bounds there.
+  if (i_input && i_weight) {
+    TORCH_CHECK(i_input->size(-1) == i_weight->size(1), "linear_op: expected ", i_weight->size(1),
+                " input features in the last dimension (the weight's in_features), got ", i_input->size(-1),
+                " (input shape ", i_input->sizes(), ")");
+  }
+  if (i_bias && i_weight) {
+    TORCH_CHECK(i_bias->dim() == 1 && i_bias->size(0) == i_weight->size(0), "linear_op: expected a bias of shape [",
+                i_weight->size(0), "] (the weight's out_features), got shape ", i_bias->sizes());
+  }
+  if (i_grad_output && i_weight) {
+    TORCH_CHECK(i_grad_output->size(-1) == i_weight->size(0), "linear_op: expected ", i_weight->size(0),
+                " output features in grad_output's last dimension (the weight's out_features), got ",
+                i_grad_output->size(-1), " (grad_output shape ", i_grad_output->sizes(), ")");
+  }
+  if (i_grad_output && i_input) {
+    const auto l_batch = i_input->sizes().slice(/*start=*/0, /*length=*/i_input->dim() - 1);
+    const auto l_batch_grad = i_grad_output->sizes().slice(/*start=*/0, /*length=*/i_grad_output->dim() - 1);
+    TORCH_CHECK(l_batch == l_batch_grad, "linear_op: expected grad_output's leading dimensions ", l_batch,
+                " (the input's), got ", l_batch_grad, " (grad_output shape ", i_grad_output->sizes(), ")");
+  }
+}
+
+}  // namespace
+
+// New in 08: the state of every (in_features, out_features) pair, process-wide. A registered
+// operator takes tensors and scalars only, so no Layer can hand it a LinearState (06's pybind11
+// object). The first call with a pair makes its state (its kernels and plans); every later call,
+// from any layer, thread, compiled graph or exported program, finds it here. A state holds
+// kernels and plans only (the weight is packed per call): one per pair, never freed, a few KB
+// each. Called after check_inputs: the sizes are valid by then.
+LinearState& state_for(int64_t i_in_features, int64_t i_out_features) {
+  static std::mutex s_mutex;
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<LinearState>> s_states;
+  std::lock_guard<std::mutex> l_lock(s_mutex);
+  auto& l_state = s_states[{i_in_features, i_out_features}];
+  if (!l_state) l_state = std::make_unique<LinearState>(i_in_features, i_out_features);
+  return *l_state;
+}
+
+namespace {
+
+// (*, features) -> (N, features), N the product of the leading sizes (1 for a 1-d tensor).
+// A view where the strides allow it, else a copy; flatten handles 0-size dimensions too.
+torch::Tensor flatten_to_2d(const torch::Tensor& i_tensor) {
+  return i_tensor.dim() == 1 ? i_tensor.unsqueeze(/*dim=*/0) : i_tensor.flatten(/*start_dim=*/0, /*end_dim=*/-2);
+}
+
+// (N, features) -> (*, features): the leading sizes of i_like, the last size of i_tensor_2d.
+torch::Tensor unflatten_like(const torch::Tensor& i_tensor_2d, const torch::Tensor& i_like) {
+  std::vector<int64_t> l_sizes = i_like.sizes().vec();
+  l_sizes.back() = i_tensor_2d.size(/*dim=*/1);
+  return i_tensor_2d.reshape(l_sizes);
+}
+
+// ---- 5. The three products and the bias gradient, on raw pointers ------------------
+
+// y (N, out) = x (N, in) W^T + b. All pointers row-major and contiguous.
+template <typename T>
+void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, const at::Tensor& i_weight_contiguous,
+                 const T* i_x, const T* i_b, T* o_y, idx N, idx i_in, idx i_out, bool i_cache_weight) {
+  if (N == 0 || i_out == 0) return;
+  const auto l_plan = io_state.plan<T>(kForward, N);
+  const BlockedGemm<T>& l_gemm = *l_plan;
+  const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
+  at::Tensor l_packed;  // no K, nothing to pack: the tiles are the bias, or zeros
+  if (i_in > 0) l_packed = io_state.packed_weight(i_weight, i_weight_contiguous, bm, i_cache_weight);
+  const T* l_panels = i_in > 0 ? l_packed.const_data_ptr<T>() : nullptr;
+  l_gemm.run(
+      // A block (mb, kb): panel mb, from row kb*bk of its column-major (bm x in) layout
+      [&](idx mb, idx kb) { return l_panels + mb * bm * i_in + kb * bk * bm; },
+      // B block (kb, nb): x^T rows kb*bk.., columns nb*bn..; column j of x^T is row j of x
+      [&](idx kb, idx nb) { return i_x + nb * bn * i_in + kb * bk; },
+      // C tile (mb, nb): y^T rows mb*bm.., columns nb*bn..; column j of y^T is row j of y
+      [&](idx mb, idx nb) { return o_y + nb * bn * i_out + mb * bm; },
+      // the bias, fused: each column of the tile starts as b[mb*bm ..], the kernels add A B
+      [&](idx mb, idx nb) {
+        if (i_b == nullptr) return false;
+        for (idx l_j = 0; l_j < l_gemm.columns(nb); l_j++) {
+          std::memcpy(o_y + (nb * bn + l_j) * i_out + mb * bm, i_b + mb * bm, l_gemm.rows(mb) * sizeof(T));
+        }
+        return true;
+      });
+}
+
+// gx (N, in) = gy (N, out) W (out, in): gx^T = W^T . gy^T, both operands as stored.
+template <typename T>
+void grad_input_tpp(LinearState& io_state, const T* i_gy, const T* i_w, T* o_gx, idx N, idx i_in, idx i_out) {
+  const auto l_plan = io_state.plan<T>(kGradInput, N);
+  const BlockedGemm<T>& l_gemm = *l_plan;
+  const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
+  l_gemm.run([&](idx mb, idx kb) { return i_w + kb * bk * i_in + mb * bm; },   // W^T: column o is row o of W
+             [&](idx kb, idx nb) { return i_gy + nb * bn * i_out + kb * bk; },  // gy^T: column n is row n of gy
+             [&](idx mb, idx nb) { return o_gx + nb * bn * i_in + mb * bm; },
+             [](idx, idx) { return false; });
+}
+
+// gw (out, in) = gy^T (out, N) x (N, in): gw^T = x^T . gy, gy read transposed (TRANS_B).
+template <typename T>
+void grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw, idx N, idx i_in, idx i_out) {
+  const auto l_plan = io_state.plan<T>(kGradWeight, N);
+  const BlockedGemm<T>& l_gemm = *l_plan;
+  const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
+  l_gemm.run([&](idx mb, idx kb) { return i_x + kb * bk * i_in + mb * bm; },     // x^T: column n is row n of x
+             [&](idx kb, idx nb) { return i_gy + kb * bk * i_out + nb * bn; },  // gy, stored as gy^T (out x N)
+             [&](idx mb, idx nb) { return o_gw + nb * bn * i_in + mb * bm; },
+             [](idx, idx) { return false; });
+}
+
+// gb[o] = sum_n gy[n][o] for o in [first, last). Not a GEMM: plain C++, innermost loop contiguous.
+// target_clones makes GCC compile it for AVX-512, AVX2 and the baseline, and pick one when the
+// module loads: vector code without building the whole file for one CPU (no -march=native).
+template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void column_sums(const T* __restrict i_gy, T* __restrict o_gb, idx N, idx i_out, idx i_first, idx i_last) {
+  std::fill(o_gb + i_first, o_gb + i_last, T(0));
+  for (idx l_n = 0; l_n < N; l_n++) {
+    const T* l_row = i_gy + l_n * i_out;
+    for (idx l_o = i_first; l_o < i_last; l_o++) o_gb[l_o] += l_row[l_o];
+  }
+}
+
+template <typename T>
+void grad_bias_tpp(const T* i_gy, T* o_gb, idx N, idx i_out) {
+  at::parallel_for(/*begin=*/0, /*end=*/i_out, /*grain_size=*/256,
+                   [&](idx i_first, idx i_last) { column_sums<T>(i_gy, o_gb, N, i_out, i_first, i_last); });
+}
+
+// BFloat16 operands, as float32 (exact: every bfloat16 is a float32). The kernels below then
+// accumulate in float32 and the caller rounds each result to bfloat16 once.
+std::optional<torch::Tensor> to_float(const std::optional<torch::Tensor>& i_tensor) {
+  if (!i_tensor) return std::nullopt;
+  return i_tensor->to(torch::kFloat);
+}
+
+}  // namespace
+
+// ---- 6. The functions the operators run (bindings.cpp registers them) ------------------
+//
+// bfloat16: LIBXSMM 1.17 generates bfloat16 GEMMs only for CPUs with AVX512-BF16 (and with the
+// A operand in VNNI pairs: stage 07). This stage runs everywhere instead: bfloat16 operands are
+// widened to float32, the float32 kernels run, and each result is rounded to bfloat16 once
+// (grad_bias is summed in float32 too). A VNNI path would slot in at the two `kBFloat16` tests
+// below; README, "bfloat16", says what it would buy.
+
+// y = x W^T + b for x of shape (*, in); without a bias, y = x W^T. The state comes from the
+// process-wide table (state_for); the weight is packed for this call.
+torch::Tensor forward(torch::Tensor i_input, torch::Tensor i_weight, std::optional<torch::Tensor> i_bias) {
+  check_inputs(i_input, i_weight, i_bias);  // first: the state is only touched with valid inputs
+  if (i_input.scalar_type() == torch::kBFloat16) {  // the fallback (above): float32 kernels, one rounding
+    return forward(i_input.to(torch::kFloat), i_weight.to(torch::kFloat), to_float(i_bias)).to(torch::kBFloat16);
+  }
+  LinearState& l_state = state_for(i_weight.size(1), i_weight.size(0));
+  const bool l_cache_weight = false;  // packed per call: README, "State without pybind11"
+  // Row-major data, each in a named local: a data pointer into a temporary would dangle.
+  // contiguous() returns the tensor itself when it is already contiguous, else a copy.
+  const torch::Tensor l_input = flatten_to_2d(i_input).contiguous();             // (N, in)
+  const torch::Tensor l_weight = i_weight.contiguous();                          // (out, in)
+  const torch::Tensor l_bias = i_bias ? i_bias->contiguous() : torch::Tensor();  // (out), or undefined
+  const int64_t l_n = l_input.size(0), l_in = l_weight.size(1), l_out = l_weight.size(0);
+  torch::Tensor l_output = torch::empty({l_n, l_out}, l_input.options());  // every element is written
+
+  // scalar_t is float for a Float input, double for a Double one.
+  AT_DISPATCH_FLOATING_TYPES(l_input.scalar_type(), "linear_op::forward", [&] {
+    // The pack cache keys on the weight as the caller holds it (i_weight), not on a copy.
+    forward_tpp<scalar_t>(l_state, i_weight, l_weight, l_input.const_data_ptr<scalar_t>(),
+                          l_bias.defined() ? l_bias.const_data_ptr<scalar_t>() : nullptr,
+                          l_output.mutable_data_ptr<scalar_t>(), l_n, l_in, l_out, l_cache_weight);
+  });
+  return unflatten_like(l_output, i_input);  // (*, out)
+}
+
+torch::Tensor forward(torch::Tensor i_input, torch::Tensor i_weight) {
+  return forward(i_input, i_weight, /*i_bias=*/std::nullopt);
+}
+
+// The gradients of y = x W^T + b: {grad_input, grad_weight, grad_bias}, each computed only
+// when asked for; one that is not comes back undefined, which Python receives as None.
+std::vector<torch::Tensor> backward(torch::Tensor i_grad_output,
+                                    std::optional<torch::Tensor> i_input,
+                                    std::optional<torch::Tensor> i_weights,
+                                    bool i_need_grad_input,
+                                    bool i_need_grad_weights,
+                                    bool i_need_grad_bias) {
+  check_inputs(i_input, i_weights, /*i_bias=*/std::nullopt, i_grad_output, i_need_grad_input, i_need_grad_weights);
+  if (i_grad_output.scalar_type() == torch::kBFloat16) {  // the fallback (section 6): float32 kernels, one rounding
+    std::vector<torch::Tensor> l_grads = backward(i_grad_output.to(torch::kFloat), to_float(i_input),
+                                                  to_float(i_weights), i_need_grad_input, i_need_grad_weights,
+                                                  i_need_grad_bias);
+    for (auto& l_grad : l_grads) {
+      if (l_grad.defined()) l_grad = l_grad.to(torch::kBFloat16);
+    }
+    return l_grads;
+  }
+  const torch::Tensor l_grad_output = flatten_to_2d(i_grad_output).contiguous();  // (N, out)
+  const int64_t l_n = l_grad_output.size(0), l_out = l_grad_output.size(1);
+  // in_features from whichever of weight and input is there (grad_bias alone needs neither).
+  const int64_t l_in = i_weights ? i_weights->size(1) : i_input ? i_input->size(-1) : 0;
+  LinearState* l_state = nullptr;  // grad_bias alone needs no kernel, so no state
+  if (i_need_grad_input || i_need_grad_weights) l_state = &state_for(l_in, l_out);
+  torch::Tensor l_grad_input, l_grad_weights, l_grad_bias;  // undefined until computed
+
+  AT_DISPATCH_FLOATING_TYPES(l_grad_output.scalar_type(), "linear_op::backward", [&] {
+    const scalar_t* l_gy = l_grad_output.const_data_ptr<scalar_t>();
+    if (i_need_grad_input) {
+      // grad_input = grad_output W: (N, out) x (out, in) -> (N, in), then (*, in)
+      const torch::Tensor l_weights = i_weights->contiguous();  // (out, in)
+      torch::Tensor l_gx = torch::empty({l_n, l_in}, l_grad_output.options());
+      grad_input_tpp<scalar_t>(*l_state, l_gy, l_weights.const_data_ptr<scalar_t>(), l_gx.mutable_data_ptr<scalar_t>(),
+                               l_n, l_in, l_out);
+      l_grad_input = unflatten_like(l_gx, i_grad_output);
+    }
+    if (i_need_grad_weights) {
+      // grad_weight = grad_output^T x: (out, N) x (N, in) -> (out, in)
+      const torch::Tensor l_input = flatten_to_2d(*i_input).contiguous();  // (N, in)
+      l_grad_weights = torch::empty({l_out, l_in}, l_grad_output.options());
+      grad_weight_tpp<scalar_t>(*l_state, l_gy, l_input.const_data_ptr<scalar_t>(),
+                                l_grad_weights.mutable_data_ptr<scalar_t>(), l_n, l_in, l_out);
+    }
+    if (i_need_grad_bias) {
+      // grad_bias = sum over the N rows of grad_output -> (out)
+      l_grad_bias = torch::empty({l_out}, l_grad_output.options());
+      grad_bias_tpp<scalar_t>(l_gy, l_grad_bias.mutable_data_ptr<scalar_t>(), l_n, l_out);
+    }
+  });
+  return {l_grad_input, l_grad_weights, l_grad_bias};
+}
+
+std::vector<torch::Tensor> backward(torch::Tensor i_grad_output, torch::Tensor i_input, torch::Tensor i_weights) {
+  std::vector<torch::Tensor> l_grads = backward(i_grad_output, i_input, i_weights, /*i_need_grad_input=*/true,
+                                                /*i_need_grad_weights=*/true, /*i_need_grad_bias=*/false);
+  return {l_grads[0], l_grads[1]};  // {grad_input, grad_weight}
+}
+
+// ---- 7. Tools: a dispatch probe, the peak probe ------------------------------------
+
+// Dispatches one kernel, C(m x n) (+)= A(m x k) op(B) with tight leading dimensions, through the
+// same checked path as the layer; returns True, or raises naming the request (a NULL kernel).
+bool dispatch_check(int64_t i_m, int64_t i_n, int64_t i_k, int i_flags, at::ScalarType i_dtype) {
+  libxsmm_init();
+  TORCH_CHECK(i_dtype == at::kFloat || i_dtype == at::kDouble, "linear_op: expected dtype Float or Double, got ", i_dtype);
+  const bool l_trans_a = i_flags & LIBXSMM_GEMM_FLAG_TRANS_A, l_trans_b = i_flags & LIBXSMM_GEMM_FLAG_TRANS_B;
+  const KernelShape l_shape{i_m, i_n, i_k, /*lda=*/l_trans_a ? i_k : i_m, /*ldb=*/l_trans_b ? i_n : i_k, /*ldc=*/i_m, i_flags};
+  if (i_dtype == at::kFloat) dispatch_kernel<float>(l_shape);
+  else dispatch_kernel<double>(l_shape);
+  return true;
+}
+
+// The machine's practical float32 peak: every thread (at::get_num_threads(), which is
+// torch.get_num_threads()) runs one m x n x k kernel over its own buffers, all in L1, for
+// i_seconds; returns the GFLOP/s of all threads together. No memory traffic, no loop nest:
+// the best a GEMM on this machine can hope for.
+double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds) {
+  libxsmm_init();
+  const auto l_kernel = dispatch_kernel<float>(KernelShape{i_m, i_n, i_k, i_m, i_k, i_m, /*flags=*/0});
+  const int l_threads = at::get_num_threads();
+  std::vector<double> l_gflops(l_threads, 0.0);
+  at::parallel_for(/*begin=*/0, /*end=*/l_threads, /*grain_size=*/1, [&](idx i_first, idx i_last) {
+    for (idx l_t = i_first; l_t < i_last; l_t++) {
+      std::vector<float> l_a(i_m * i_k, 0.5f), l_b(i_k * i_n, 0.25f), l_c(i_m * i_n, 0.0f);
+      using Clock = std::chrono::steady_clock;
+      const auto l_start = Clock::now();
+      int64_t l_calls = 0;
+      double l_elapsed = 0;
+      do {  // the clock read every 256 calls costs nothing against 256 kernels
+        for (int l_i = 0; l_i < 256; l_i++) l_kernel(l_a.data(), l_b.data(), l_c.data());
+        l_calls += 256;
+        l_elapsed = std::chrono::duration<double>(Clock::now() - l_start).count();
+      } while (l_elapsed < i_seconds);
+      l_gflops[l_t] = 2.0 * i_m * i_n * i_k * l_calls / l_elapsed * 1e-9;
+    }
+  });
+  double l_total = 0;
+  for (double l_g : l_gflops) l_total += l_g;
+  return l_total;
+}
+
+}  // namespace linear_op

@@ -1,0 +1,13 @@
+"""Stage 08 of "From PyTorch to Machine Code": the LIBXSMM linear layer as registered PyTorch operators."""
+
+from . import ops
+from .layer import Layer, peak_gflops
+from .ops import backward, forward
+
+__all__ = ["Layer", "backward", "forward", "ops", "peak_gflops"]
+
+# How this stage joins the tour (`python -m eml.common.tour`): setup.py names this dict as an
+# entry point in the group "eml.tour". Each label maps to a factory (in, out, bias=True);
+# "peak_gflops" makes the tour's table show every GFLOP/s figure also as a % of the peak.
+# The compiled-MLP table (torch.compile, bfloat16) is eml.common.tour_compile's section.
+TOUR = {"layers": {"08 custom op": Layer}, "peak_gflops": peak_gflops}

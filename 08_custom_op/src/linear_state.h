@@ -1,0 +1,291 @@
+// Stage 08, file 3 of 5: the state and its caches. Everything prepared once and reused on every
+// call: the JIT kernels, one plan (a BlockedGemm) per product and batch size, and the weight
+// packed for the forward, with the key that says when the pack is stale.
+// What changed since stage 06: nothing in this file but the names. Who owns a LinearState did:
+// in 06 a pybind11 object made by each Layer; here a process-wide table of states keyed by
+// (in_features, out_features) (FunctionCpp.cpp, section 4), since a registered operator takes
+// only tensors and scalars. 08 packs the weight on every call (packed_weight(..., i_cache=false)):
+// README, "State without pybind11", measures why.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "blocked_gemm.h"
+
+namespace linear_op {
+
+// ---- 3. The state: kernels, plans, packed weight ------------------------------------
+
+// The blocking of the three products, chosen by timing candidate blockings per product on the
+// tour's shapes (a 2-core Zen machine; README's exercise repeats this for one product): 64-wide
+// tiles; a whole-K kernel while A's bm x K panel stays in L2 (K <= 1024), beyond that 256-deep
+// steps; grad_input prefers 256-deep steps even at K = 1024, and column-block order.
+struct Config {
+  Blocking blocking[3] = {/*forward=*/{64, 64, 0}, /*grad_input=*/{64, 64, 256}, /*grad_weight=*/{64, 128, 0}};
+  bool n_outer[3] = {false, true, true};
+};
+
+// A plan caps at this many batch sizes per dtype; beyond, the plans are dropped and rebuilt on
+// demand (cheap: their kernels stay in the state's kernel table).
+constexpr size_t kMaxPlans = 256;
+
+inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)
+
+// Everything a layer prepares once. Made by the Python Layer in its constructor, owned by the
+// Python object (pybind11), passed to every forward and backward, freed with the layer.
+//
+//   kernel table  every kernel this layer asked LIBXSMM for, by KernelShape, per dtype. The
+//                 constructor fills in what does not depend on the batch size N (below); the
+//                 rest is dispatched at the first call that needs it, then found here.
+//   plans         per (product, batch size N, dtype): a BlockedGemm, its loop bounds and its
+//                 16-slot kernel table. Building one is a few lookups in the kernel table.
+//   packed weight W packed into panels for the forward, with the key of the W it came from.
+//
+// What the constructor can dispatch: it knows in and out, not N. The forward and grad_input
+// run over the batch as their n dimension, so every full bn-wide column block uses kernels
+// fixed by (in, out): the constructor dispatches those, for float32 (the default dtype), by
+// building both plans for N = one full column block. The last, partial column block of an N
+// that is not a multiple of bn, all of grad_weight (which reduces over the batch: its k is N)
+// and float64 (once the layer is used with it) are dispatched lazily and kept here.
+//
+// JIT code belongs to LIBXSMM for the whole process and is shared by every layer that asks for
+// the same kernel; the destructor frees what the state allocated: plans and packed weight.
+class LinearState {
+ public:
+  LinearState(int64_t i_in_features, int64_t i_out_features)
+      : m_in(i_in_features), m_out(i_out_features) {
+    TORCH_CHECK(m_in >= 0 && m_out >= 0, "linear_op: expected in_features >= 0 and out_features >= 0, got ", m_in,
+                " and ", m_out);
+    libxsmm_init();  // idempotent; sets LIBXSMM up for this CPU on the first call
+    dispatch_batch_independent<float>();
+    g_live_states++;
+  }
+  ~LinearState() { g_live_states--; }
+  LinearState(const LinearState&) = delete;
+  LinearState& operator=(const LinearState&) = delete;
+
+  int64_t in_features() const { return m_in; }
+  int64_t out_features() const { return m_out; }
+
+  // Replaces the blocking (tests force tiny blocks so that every tail kernel runs).
+  // Each block is (bm, bn, bk); bk = 0 is automatic. Drops the plans and the packed weight.
+  void set_config(const std::vector<int64_t>& i_forward, const std::vector<int64_t>& i_grad_input,
+                  const std::vector<int64_t>& i_grad_weight, const std::vector<bool>& i_n_outer) {
+    const std::vector<int64_t>* l_blocks[] = {&i_forward, &i_grad_input, &i_grad_weight};
+    Config l_config;
+    for (int l_p = 0; l_p < 3; l_p++) {
+      const auto& l_b = *l_blocks[l_p];
+      TORCH_CHECK(l_b.size() == 3 && l_b[0] >= 1 && l_b[1] >= 1 && l_b[2] >= 0, "linear_op: expected the ",
+                  kProductNames[l_p], " blocking as (bm >= 1, bn >= 1, bk >= 0), got ", c10::IntArrayRef(l_b));
+      l_config.blocking[l_p] = {l_b[0], l_b[1], l_b[2]};
+    }
+    TORCH_CHECK(i_n_outer.size() == 3, "linear_op: expected n_outer as 3 flags (forward, grad_input, grad_weight), got ",
+                i_n_outer.size());
+    for (int l_p = 0; l_p < 3; l_p++) l_config.n_outer[l_p] = i_n_outer[l_p];
+    {
+      std::lock_guard<std::mutex> l_lock(m_mutex);
+      m_config = l_config;
+      std::get<0>(m_types).plans.clear();
+      std::get<1>(m_types).plans.clear();
+    }
+    invalidate();
+    dispatch_batch_independent<float>();
+  }
+
+  // (forward, grad_input, grad_weight) blockings and the n_outer flags, as set_config takes them.
+  std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, std::vector<bool>> config() const {
+    std::lock_guard<std::mutex> l_lock(m_mutex);
+    auto l_block = [&](int l_p) {
+      const Blocking& l_b = m_config.blocking[l_p];
+      return std::vector<int64_t>{l_b.bm, l_b.bn, l_b.bk};
+    };
+    return {l_block(kForward), l_block(kGradInput), l_block(kGradWeight),
+            {m_config.n_outer[0], m_config.n_outer[1], m_config.n_outer[2]}};
+  }
+
+  // The plan of one product for a batch of N rows, in element type T: built on first use.
+  template <typename T>
+  std::shared_ptr<const BlockedGemm<T>> plan(Product i_product, idx N) {
+    std::lock_guard<std::mutex> l_lock(m_mutex);
+    auto& l_plans = std::get<PerType<T>>(m_types).plans;
+    const auto l_key = std::make_pair(int(i_product), N);
+    auto l_found = l_plans.find(l_key);
+    if (l_found != l_plans.end()) return l_found->second;
+    if (l_plans.size() >= kMaxPlans) l_plans.clear();
+    auto l_kernel = [&](const KernelShape& i_shape) { return kernel<T>(i_shape); };
+    const Blocking& l_b = m_config.blocking[i_product];
+    const bool l_n_outer = m_config.n_outer[i_product];
+    std::shared_ptr<const BlockedGemm<T>> l_plan;
+    switch (i_product) {
+      case kForward: {
+        // y^T (out x N) = Wp (out x in) . x^T (in x N). A: the packed panels, whose leading
+        // dimension is the panel height, the clamped bm; B: x, ld in; C: y, ld out.
+        const idx l_panel = std::clamp<idx>(l_b.bm, 1, std::max<idx>(1, m_out));
+        l_plan = std::make_shared<BlockedGemm<T>>(m_out, N, m_in, l_b, l_n_outer, /*lda=*/l_panel, /*ldb=*/m_in,
+                                                  /*ldc=*/m_out, /*flags=*/0, /*may_prefill=*/true, l_kernel);
+        break;
+      }
+      case kGradInput:
+        // gx^T (in x N) = W^T (in x out) . gy^T (out x N). A: W, ld in; B: gy, ld out; C: gx, ld in.
+        l_plan = std::make_shared<BlockedGemm<T>>(m_in, N, m_out, l_b, l_n_outer, /*lda=*/m_in, /*ldb=*/m_out,
+                                                  /*ldc=*/m_in, /*flags=*/0, /*may_prefill=*/false, l_kernel);
+        break;
+      case kGradWeight:
+        // gw^T (in x out) = x^T (in x N) . gy (N x out). A: x, ld in; B: gy^T as stored (out x N,
+        // ld out), read transposed by TRANS_B; C: gw, ld in. The batch N is the reduction.
+        l_plan = std::make_shared<BlockedGemm<T>>(m_in, m_out, N, l_b, l_n_outer, /*lda=*/m_in, /*ldb=*/m_out,
+                                                  /*ldc=*/m_in, LIBXSMM_GEMM_FLAG_TRANS_B, /*may_prefill=*/false,
+                                                  l_kernel);
+        break;
+    }
+    l_plans.emplace(l_key, l_plan);
+    return l_plan;
+  }
+
+  // The forward's A operand: W (out, in) packed into panels of bm rows, panel p holding rows
+  // p*bm .. p*bm+bm-1 column-major with leading dimension bm, so the kernel's A block of k step
+  // kb is the contiguous bm x bk slab at panel + kb*bk*bm:
+  //
+  //   W (row-major, out x in)            packed: panel 0 | panel 1 | ...    (each bm x in,
+  //   row 0    [w00 w01 w02 ...]           w00 w10 .. w(bm-1)0  w01 w11 ..    column-major)
+  //   row 1    [w10 w11 w12 ...]   -->
+  //   ...                                  a transpose of each bm-row slice (libxsmm_otrans)
+  //
+  // i_cache: the caller says no gradient is recorded for W in this call (inference, or a frozen
+  // weight). Then the pack of an earlier call is reused if W is still the same tensor, unchanged:
+  // the same live TensorImpl (held by a weak reference, so that a new tensor that happens to get
+  // the freed memory of the old one is not taken for it), the same data pointer, sizes and
+  // strides, and the same version counter, which every in-place write through PyTorch bumps
+  // (optimizer.step(), w.mul_() under no_grad, load_state_dict's copy_). Writes that bypass
+  // the counter (w.data, a numpy view of w) are not seen: call invalidate() after them.
+  // Without i_cache (training: W changes every step anyway; gradcheck writes W through .data),
+  // W is packed for this call alone and any cached pack is dropped.
+  at::Tensor packed_weight(const at::Tensor& i_weight, const at::Tensor& i_weight_contiguous, idx i_bm, bool i_cache) {
+    const bool l_cacheable = i_cache && !i_weight.is_inference();  // inference tensors have no version counter
+    {
+      std::lock_guard<std::mutex> l_lock(m_pack_mutex);
+      if (l_cacheable && m_pack.panels.defined() && m_pack.owner.lock().get() == i_weight.unsafeGetTensorImpl() &&
+          m_pack.data == i_weight.const_data_ptr() && m_pack.version == i_weight._version() && m_pack.bm == i_bm &&
+          m_pack.dtype == i_weight.scalar_type() && i_weight.sizes().equals(m_pack.sizes) &&
+          i_weight.strides().equals(m_pack.strides)) {
+        return m_pack.panels;
+      }
+      if (!l_cacheable) m_pack = PackedWeight();  // drop the cached copy: it is about to be stale
+    }
+    // A fresh tensor each time: a concurrent call still reading the previous pack keeps it alive.
+    const idx l_panels = (m_out + i_bm - 1) / i_bm;
+    at::Tensor l_packed = at::empty({l_panels * i_bm * m_in}, i_weight_contiguous.options());
+    const auto l_size = static_cast<unsigned int>(i_weight_contiguous.element_size());
+    const char* l_w = static_cast<const char*>(i_weight_contiguous.const_data_ptr());
+    char* l_p = static_cast<char*>(l_packed.mutable_data_ptr());
+    at::parallel_for(/*begin=*/0, /*end=*/l_panels, /*grain_size=*/1, [&](idx i_first, idx i_last) {
+      for (idx l_mb = i_first; l_mb < i_last; l_mb++) {
+        // Rows mb*bm.. of W are the column-major (in x rows) matrix at row mb*bm, ld = in; its
+        // transpose (rows x in, ld = bm) is panel mb. The rows of a tail panel past `out` stay
+        // unwritten: the tail kernel reads only the panel's first rows.
+        const idx l_rows = std::min(i_bm, m_out - l_mb * i_bm);
+        libxsmm_otrans(l_p + l_mb * i_bm * m_in * l_size, l_w + l_mb * i_bm * m_in * l_size, l_size,
+                       /*m=*/m_in, /*n=*/l_rows, /*ldi=*/m_in, /*ldo=*/i_bm);
+      }
+    });
+    std::lock_guard<std::mutex> l_lock(m_pack_mutex);
+    m_packs++;
+    if (l_cacheable) {
+      m_pack.panels = l_packed;
+      m_pack.owner = i_weight.getIntrusivePtr();  // a weak reference: the cache does not keep W alive
+      m_pack.data = i_weight.const_data_ptr();
+      m_pack.version = i_weight._version();
+      m_pack.bm = i_bm;
+      m_pack.dtype = i_weight.scalar_type();
+      m_pack.sizes = i_weight.sizes().vec();
+      m_pack.strides = i_weight.strides().vec();
+    }
+    return l_packed;
+  }
+
+  // Forgets the packed weight (after writing W behind its version counter).
+  void invalidate() {
+    std::lock_guard<std::mutex> l_lock(m_pack_mutex);
+    m_pack = PackedWeight();
+  }
+
+  int64_t kernel_count() const {
+    std::lock_guard<std::mutex> l_lock(m_mutex);
+    return std::get<0>(m_types).kernels.size() + std::get<1>(m_types).kernels.size();
+  }
+  int64_t plan_count() const {
+    std::lock_guard<std::mutex> l_lock(m_mutex);
+    return std::get<0>(m_types).plans.size() + std::get<1>(m_types).plans.size();
+  }
+  int64_t pack_count() const {
+    std::lock_guard<std::mutex> l_lock(m_pack_mutex);
+    return m_packs;
+  }
+  int64_t packed_bytes() const {
+    std::lock_guard<std::mutex> l_lock(m_pack_mutex);
+    return m_pack.panels.defined() ? m_pack.panels.nbytes() : 0;
+  }
+
+ private:
+  // The kernel table and plans of one element type.
+  template <typename T>
+  struct PerType {
+    std::map<decltype(std::declval<KernelShape>().key()), typename Xsmm<T>::Fn> kernels;
+    std::map<std::pair<int, idx>, std::shared_ptr<const BlockedGemm<T>>> plans;
+  };
+
+  // What the packed weight was made from (the pack cache's key), and the panels.
+  struct PackedWeight {
+    at::Tensor panels;  // undefined: nothing cached
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> owner{
+        c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+    const void* data = nullptr;
+    int64_t version = -1;
+    idx bm = 0;
+    at::ScalarType dtype = at::kFloat;
+    std::vector<int64_t> sizes, strides;
+  };
+
+  // The kernel for one shape: from the table, else dispatched (NULL-checked) and kept.
+  // Called with m_mutex held.
+  template <typename T>
+  typename Xsmm<T>::Fn kernel(const KernelShape& i_shape) {
+    auto& l_kernels = std::get<PerType<T>>(m_types).kernels;
+    auto l_found = l_kernels.find(i_shape.key());
+    if (l_found != l_kernels.end()) return l_found->second;
+    auto l_kernel = dispatch_kernel<T>(i_shape);
+    l_kernels.emplace(i_shape.key(), l_kernel);
+    return l_kernel;
+  }
+
+  // The kernels of every full column block of the forward and grad_input: their plans for a
+  // batch of exactly one column block (bn rows) need nothing else.
+  template <typename T>
+  void dispatch_batch_independent() {
+    for (Product l_product : {kForward, kGradInput}) {
+      idx l_bn;
+      {
+        std::lock_guard<std::mutex> l_lock(m_mutex);
+        l_bn = m_config.blocking[l_product].bn;
+      }
+      plan<T>(l_product, l_bn);
+    }
+  }
+
+  const int64_t m_in, m_out;
+  mutable std::mutex m_mutex;  // guards m_config, m_types
+  Config m_config;
+  std::tuple<PerType<float>, PerType<double>> m_types;
+  mutable std::mutex m_pack_mutex;  // guards m_pack, m_packs
+  PackedWeight m_pack;
+  int64_t m_packs = 0;  // packs made so far (tests and the curious watch it)
+};
+
+}  // namespace linear_op
