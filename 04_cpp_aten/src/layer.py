@@ -11,9 +11,9 @@ the compiled module ``_C``, built by setup.py from FunctionCpp.cpp:
 The course's own two declarations, ``forward(input, weight)`` and
 ``backward(grad_output, input, weights)``, are bound too (tests/ call them directly).
 What changed since stage 02: the maths and the input checks moved to C++ (validation lives in
-``check_inputs`` in FunctionCpp.cpp); C++ also flattens (*, in) to (N, in) and back. A backward
-written in C++ is not recorded by autograd, so it cannot be differentiated again: it is marked
-``once_differentiable`` (see ``Function.backward_once``).
+``check_inputs`` in FunctionCpp.cpp); C++ also flattens (*, in) to (N, in) and back. The
+backward is marked ``once_differentiable`` (see ``Function.backward_once``): the contract of
+every C++ stage, since the raw-pointer loops of stages 05 and 06 are invisible to autograd.
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``.
 """
 
@@ -40,7 +40,9 @@ class Function(torch.autograd.Function):
         input, weight = ctx.saved_tensors
         return Function.backward_once(ctx, grad_output, input, weight)
 
-    # C++ runs outside autograd, so its gradients cannot be differentiated again. The decorator
+    # The C++ stages' contract: their gradients are not differentiated again (stages 05 and 06
+    # compute them on raw pointers, which autograd never sees; this stage's at::mm would still
+    # be recorded, but shares the contract). The decorator
     # runs the body under no_grad and, under create_graph=True, makes a second backward raise
     # "trying to differentiate twice" instead of silently treating the gradients as constants.
     # It decides from the arguments of the function it decorates alone: x and W are passed as

@@ -1,4 +1,4 @@
-"""Stage 06: the forward and backward pass in C++ (FunctionCpp.cpp), the products by LIBXSMM's JIT kernels.
+"""Stage 06: the forward and backward pass in C++ (src/FunctionCpp.cpp and its headers), the products by LIBXSMM's JIT kernels.
 
 What this stage teaches: how a fast matrix product is built from small JIT-generated kernels
 (TPPs, tensor processing primitives) and the loop nest around them, and how a layer keeps
@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from . import _C  # the compiled FunctionCpp.cpp; import torch first: _C links against libtorch
+from . import _C  # the compiled src/FunctionCpp.cpp and src/bindings.cpp; import torch first: _C links against libtorch
 
 
 class Function(torch.autograd.Function):
@@ -116,8 +116,9 @@ class Layer(torch.nn.Module):
 def peak_gflops(repeats: int = 3, seconds: float = 0.1) -> float:
     """The machine's practical float32 peak in GFLOP/s, on torch.get_num_threads() threads.
 
-    Every thread runs LIBXSMM's 64 x 64 x 64 kernel on buffers that stay in its L1 cache (no
-    memory traffic, no loop nest): the best any GEMM here can reach. Best of ``repeats`` probes
+    Every thread runs LIBXSMM's 64 x 64 x 64 kernel over and over on its own 48 KB of buffers
+    (A in L1, B and C in L1/L2; no loop nest, no traffic beyond the core's caches): a practical
+    peak, which deeper kernels can match or pass slightly. Best of ``repeats`` probes
     of ``seconds`` each, since a probe that overlapped other work reads low, never high.
     """
     _C.peak_gflops(seconds=0.01)  # warm-up: generate the kernel, wake the cores

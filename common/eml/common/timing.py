@@ -20,6 +20,10 @@ from torch.utils import benchmark
 # N x in_features x out_features, the tour's benchmark shapes.
 BENCHMARK_SHAPES = [(64, 256, 256), (256, 1024, 1024), (512, 768, 3072), (512, 3072, 768)]
 
+# The tour's timing settings (notebooks use the same): interleaved rounds per shape, and the
+# least seconds of each timed block.
+TOUR_SETTINGS = dict(rounds=3, min_run_time=0.2)
+
 
 def gemm_flops(n, in_features, out_features):
     return 2 * n * in_features * out_features
