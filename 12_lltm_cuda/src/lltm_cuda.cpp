@@ -60,6 +60,7 @@ void check_shape(const at::Tensor& tensor, const char* name, at::IntArrayRef exp
 }
 
 // input (B, F), weights (3S, S + F), bias (3S) or (1, 3S), old_h (B, S), old_cell (B, S).
+// The state size S comes from the weights, B from the input: every message names both sides.
 void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
                           const at::Tensor& old_h, const at::Tensor& old_cell) {
   check_tensor(input, "input", input, "input");
@@ -68,14 +69,23 @@ void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights, co
   check_tensor(old_h, "old_h", input, "input");
   check_tensor(old_cell, "old_cell", input, "input");
   TORCH_CHECK(input.dim() == 2, "lltm_cuda: input must be 2-D (batch, features), got shape ", input.sizes());
-  TORCH_CHECK(old_h.dim() == 2, "lltm_cuda: old_h must be 2-D (batch, state), got shape ", old_h.sizes());
+  TORCH_CHECK(weights.dim() == 2 && weights.size(0) % 3 == 0,
+              "lltm_cuda: weights must be 2-D (3 * state, state + features), got shape ", weights.sizes());
   const int64_t batch_size = input.size(0);
   const int64_t features = input.size(1);
-  const int64_t state_size = old_h.size(1);
-  TORCH_CHECK(old_h.size(0) == batch_size, "lltm_cuda: old_h has batch size ", old_h.size(0), " but input has ",
-              batch_size);
-  check_shape(old_cell, "old_cell", {batch_size, state_size});
-  check_shape(weights, "weights", {3 * state_size, state_size + features});
+  const int64_t state_size = weights.size(0) / 3;
+  const struct { const at::Tensor& tensor; const char* name; } states[] = {{old_h, "old_h"}, {old_cell, "old_cell"}};
+  for (const auto& item : states) {
+    TORCH_CHECK(item.tensor.dim() == 2, "lltm_cuda: ", item.name, " must be 2-D (batch, state), got shape ",
+                item.tensor.sizes());
+    TORCH_CHECK(item.tensor.size(0) == batch_size, "lltm_cuda: ", item.name, " has batch size ",
+                item.tensor.size(0), " but input has ", batch_size);
+    TORCH_CHECK(item.tensor.size(1) == state_size, "lltm_cuda: ", item.name, " must have shape [", batch_size, ", ",
+                state_size, "] (weights have 3 * ", state_size, " rows), got ", item.tensor.sizes());
+  }
+  TORCH_CHECK(weights.size(1) == state_size + features, "lltm_cuda: input has ", features,
+              " features, so weights must have shape [", 3 * state_size, ", ", state_size + features, "], got ",
+              weights.sizes());
   TORCH_CHECK(bias.sizes() == at::IntArrayRef({3 * state_size}) || bias.sizes() == at::IntArrayRef({1, 3 * state_size}),
               "lltm_cuda: bias must have shape (", 3 * state_size, ") or (1, ", 3 * state_size, "), got ", bias.sizes());
 }

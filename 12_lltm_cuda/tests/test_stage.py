@@ -29,6 +29,8 @@ import pytest
 import torch
 
 from eml.common.cpp_checks import code_only
+from eml.common.lltm_checks import (ARGUMENTS, DTYPES, NAMES, TOLERANCES, CellTests, Shape, assert_all_close,
+                                    make_arguments, outputs_and_grads, reference_lltm)
 
 STAGE = pathlib.Path(__file__).resolve().parents[1]
 SRC = STAGE / "src"
@@ -279,7 +281,7 @@ def test_benchmark_stops_with_one_line_without_a_gpu():
     assert len(lines) == 1 and lines[0].startswith("benchmark.py: needs a GPU"), lines
 
 
-# ---- 4. On a GPU: the kernels against a reference ----
+# ---- 4. On a GPU: the recurrent-cell contract of common/, on CUDA tensors ----
 
 PACKAGE = installed_package() or source_package()
 BUILT = getattr(PACKAGE.lltm, "_C", None) is not None
@@ -288,124 +290,52 @@ needs_kernels = pytest.mark.skipif(
     reason=NO_GPU if not HAS_GPU else "eml.lltm_cuda is not installed: pip install --no-build-isolation ./12_lltm_cuda",
 )
 
-TOLERANCES = {torch.float32: dict(rtol=1e-4, atol=1e-5), torch.float64: dict(rtol=1e-10, atol=1e-12)}
 
-# (batch, features, state): state sizes around the 32-wide block (1, 31, 33, 127, 257, 1000),
-# batches around the 8-row block, F != S, empty batch and empty state, the tutorial's size.
-SHAPES = [(1, 1, 1), (3, 5, 31), (7, 13, 33), (9, 32, 127), (16, 32, 128), (5, 3, 257), (13, 100, 1000),
-          (0, 5, 7), (4, 6, 0)]
+@needs_kernels
+class TestCell(CellTests):
+    """Outputs and all five gradients against the reference in float32 and float64 on the
+    contract's shapes (S = 1, 13, 31, 33, 127, 257: few are multiples of the 32-wide block),
+    gradcheck, only the requested gradients, non-contiguous inputs, bad inputs, a short training run."""
 
-
-def reference_cell(input, weights, bias, old_h, old_cell):
-    """The LLTM's formulas in plain torch ops; autograd gives the reference gradients."""
-    X = torch.cat([old_h, input], dim=1)
-    gates = torch.nn.functional.linear(X, weights, bias.reshape(-1))
-    state = old_h.shape[1]
-    input_gate, output_gate, candidate = gates[:, :state], gates[:, state:2 * state], gates[:, 2 * state:]
-    new_cell = old_cell + torch.nn.functional.elu(candidate) * torch.sigmoid(input_gate)
-    return torch.tanh(new_cell) * torch.sigmoid(output_gate), new_cell
+    make_cell = staticmethod(PACKAGE.LLTM)
+    function = staticmethod(PACKAGE.LLTMFunction.apply)
+    prefix = "lltm_cuda"
+    device = "cuda"
 
 
-def make_arguments(batch, features, state, dtype, seed=0, bias_shape=None):
-    generator = torch.Generator().manual_seed(seed)
-    shapes = [(batch, features), (3 * state, state + features), bias_shape or (3 * state,), (batch, state), (batch, state)]
-    return [torch.randn(*shape, generator=generator, dtype=dtype).cuda().requires_grad_() for shape in shapes]
-
-
-def outputs_and_grads(function, arguments, seed=1):
-    arguments = [a.detach().requires_grad_() for a in arguments]  # detach keeps the strides, clone may not
-    new_h, new_cell = function(*arguments)
-    generator = torch.Generator().manual_seed(seed)
-    grad_h, grad_cell = (torch.randn(t.shape, generator=generator, dtype=t.dtype).cuda() for t in (new_h, new_cell))
-    torch.autograd.backward([new_h, new_cell], [grad_h, grad_cell])
-    return [new_h, new_cell] + [a.grad for a in arguments]
-
-
-NAMES = ["new_h", "new_cell", "grad_input", "grad_weights", "grad_bias", "grad_old_h", "grad_old_cell"]
-
-
-def assert_matches_reference(arguments, dtype):
-    ours = outputs_and_grads(PACKAGE.LLTMFunction.apply, arguments)
-    expected = outputs_and_grads(reference_cell, arguments)
-    for name, actual, wanted in zip(NAMES, ours, expected):
-        assert actual.shape == wanted.shape, f"{name}: shape {tuple(actual.shape)} != {tuple(wanted.shape)}"
-        torch.testing.assert_close(actual, wanted, **TOLERANCES[dtype], msg=lambda m: f"{name}: {m}")
+# Beyond the contract's shapes: a long state (1000 = 31 blocks + 8), S = 65 with a batch of 17
+# (neither a multiple of 8), an empty state (nothing to launch), and more rows than one grid holds.
+EXTRA_SHAPES = [Shape(13, 100, 1000), Shape(17, 9, 65), Shape(4, 6, 0)]
 
 
 @needs_kernels
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("shape", SHAPES, ids=[f"B{b}xF{f}xS{s}" for b, f, s in SHAPES])
-def test_outputs_and_gradients_match_the_reference(shape, dtype):
-    assert_matches_reference(make_arguments(*shape, dtype), dtype)
-
-
-@needs_kernels
-def test_bias_of_shape_1_by_3s_gets_its_gradient_in_that_shape():
-    arguments = make_arguments(3, 5, 33, torch.float64, bias_shape=(1, 99))
-    assert_matches_reference(arguments, torch.float64)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", EXTRA_SHAPES, ids=str)
+def test_more_state_sizes_against_the_reference(shape, dtype):
+    arguments = make_arguments(shape, dtype, "cuda")
+    assert_all_close(outputs_and_grads(PACKAGE.LLTMFunction.apply, arguments),
+                     outputs_and_grads(reference_lltm, arguments), dtype)
 
 
 @needs_kernels
 def test_more_rows_than_one_grid_can_hold():
-    # 600001 rows: more than 65535 blocks of 8 rows, so each thread loops over several rows.
+    # 600001 rows: more than 65535 blocks of 8 rows, so threads loop over several rows each.
     # float64: the weight gradient sums 600001 products, too many for a float32 tolerance.
-    assert_matches_reference(make_arguments(600_001, 2, 3, torch.float64), torch.float64)
-
-
-@needs_kernels
-def test_non_contiguous_inputs():
-    arguments = [a.detach() for a in make_arguments(6, 5, 33, torch.float64)]
-    strided = [torch.cat([a, a], dim=-1)[..., ::2] for a in arguments]  # every other column
-    assert not any(s.is_contiguous() for s in strided if s.numel() > 1)
-    assert_matches_reference(strided, torch.float64)
-
-
-@needs_kernels
-@pytest.mark.parametrize("shape", [(3, 4, 5), (2, 3, 33)])
-def test_gradcheck_float64(shape):
-    arguments = make_arguments(*shape, torch.float64)
-    assert torch.autograd.gradcheck(PACKAGE.LLTMFunction.apply, arguments)
-
-
-@needs_kernels
-def test_only_the_requested_gradients():
-    arguments = [a.detach() for a in make_arguments(3, 5, 7, torch.float64)]
-    arguments[1].requires_grad_()  # only the weights
-    new_h, new_cell = PACKAGE.LLTMFunction.apply(*arguments)
-    (new_h.sum() + new_cell.sum()).backward()
-    assert arguments[1].grad is not None
-    assert all(a.grad is None for i, a in enumerate(arguments) if i != 1)
-
-
-@needs_kernels
-def test_second_backward_raises():
-    arguments = make_arguments(3, 5, 7, torch.float64)
-    new_h, new_cell = PACKAGE.LLTMFunction.apply(*arguments)
-    grads = torch.autograd.grad(new_h.sum() + new_cell.sum(), arguments, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
-        sum(g.sum() for g in grads).backward()
-
-
-@needs_kernels
-def test_module_forward_on_cuda():
-    cell = PACKAGE.LLTM(5, 33).cuda()
-    input, old_h, old_cell = torch.randn(4, 5).cuda(), torch.randn(4, 33).cuda(), torch.randn(4, 33).cuda()
-    new_h, new_cell = cell(input, (old_h, old_cell))
-    expected = reference_cell(input, cell.weights, cell.bias, old_h, old_cell)
-    torch.testing.assert_close(new_h, expected[0], **TOLERANCES[torch.float32])
-    torch.testing.assert_close(new_cell, expected[1], **TOLERANCES[torch.float32])
+    arguments = make_arguments(Shape(600_001, 2, 3), torch.float64, "cuda")
+    assert_all_close(outputs_and_grads(PACKAGE.LLTMFunction.apply, arguments),
+                     outputs_and_grads(reference_lltm, arguments), torch.float64)
 
 
 # ---- 5. On a GPU: streams, graph capture, both build routes ----
 
 @needs_kernels
 def test_a_non_default_stream_gives_the_same_result():
-    arguments = [a.detach() for a in make_arguments(9, 13, 33, torch.float32)]
+    arguments = make_arguments(Shape(9, 13, 33), torch.float32, "cuda")
     expected = outputs_and_grads(PACKAGE.LLTMFunction.apply, arguments)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(1_000_000)  # keep the side stream busy: work on another stream would race ahead
+        torch.cuda._sleep(1_000_000)  # keep the side stream busy: work put on another stream would race ahead
         actual = outputs_and_grads(PACKAGE.LLTMFunction.apply, arguments)
     torch.cuda.current_stream().wait_stream(stream)
     for name, a, b in zip(NAMES, actual, expected):
@@ -416,8 +346,7 @@ def test_a_non_default_stream_gives_the_same_result():
 def test_launches_go_to_the_current_stream_under_graph_capture():
     # During a CUDA graph capture, a launch on the legacy default stream fails the capture:
     # the forward and the backward capture and replay only if every launch is on the current stream.
-    arguments = [a.detach() for a in make_arguments(9, 13, 33, torch.float32)]
-    static = [a.clone().requires_grad_() for a in arguments]
+    static = [a.requires_grad_() for a in make_arguments(Shape(9, 13, 33), torch.float32, "cuda")]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up on a side stream, as the CUDA graphs documentation asks
@@ -430,10 +359,12 @@ def test_launches_go_to_the_current_stream_under_graph_capture():
         grads = torch.autograd.grad(new_h.sum() + new_cell.sum(), static)
     graph.replay()
     torch.cuda.synchronize()
-    eager = PACKAGE.LLTMFunction.apply(*static)
-    torch.testing.assert_close(new_h, eager[0])
-    torch.testing.assert_close(new_cell, eager[1])
-    assert all(torch.isfinite(g).all() for g in grads)
+    h, c = reference_lltm(*static)
+    torch.testing.assert_close(new_h, h.detach(), **TOLERANCES[torch.float32])
+    torch.testing.assert_close(new_cell, c.detach(), **TOLERANCES[torch.float32])
+    reference_grads = torch.autograd.grad(h.sum() + c.sum(), static)
+    for name, a, b in zip(NAMES[2:], grads, reference_grads):
+        torch.testing.assert_close(a, b, **TOLERANCES[torch.float32], msg=lambda m: f"{name}: {m}")
 
 
 @needs_kernels
@@ -447,41 +378,37 @@ def test_jit_route_builds_the_same_kernels(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     module = importlib.import_module(PACKAGE.__name__ + ".jit").build()
     assert str(tmp_path) in module.__file__
-    arguments = [a.detach() for a in make_arguments(7, 13, 33, torch.float64)]
+    arguments = make_arguments(Shape(7, 13, 33), torch.float64, "cuda")
     for jit, installed in zip(module.forward(*arguments), PACKAGE.lltm._C.forward(*arguments)):
+        torch.testing.assert_close(jit, installed, rtol=0, atol=0)
+    grads = [torch.randn(7, 33, dtype=torch.float64, device="cuda") for _ in range(2)]
+    saved = list(PACKAGE.lltm._C.forward(*arguments))[1:] + [arguments[1]]
+    for jit, installed in zip(module.backward(*grads, *saved), PACKAGE.lltm._C.backward(*grads, *saved)):
         torch.testing.assert_close(jit, installed, rtol=0, atol=0)
 
 
-# ---- 6. On a GPU: every input error names the problem and the value ----
+# ---- 6. On a GPU: the input errors only a GPU stage has (the contract checks the others) ----
+
+CUDA_BAD_INPUTS = {
+    "input on the CPU": (dict(input=lambda t: t.cpu()), r"lltm_cuda: input must be a CUDA tensor, got device cpu"),
+    "weights on the CPU": (dict(weights=lambda t: t.cpu()), r"lltm_cuda: weights must be a CUDA tensor, got device cpu"),
+    "float16": ({name: (lambda t: t.half()) for name in ARGUMENTS},
+                r"lltm_cuda: input must be float32 or float64, got Half"),
+}
+
 
 def bad_arguments(**changes):
-    arguments = dict(zip(["input", "weights", "bias", "old_h", "old_cell"],
-                         [a.detach() for a in make_arguments(3, 5, 7, torch.float32)]))
+    arguments = dict(zip(ARGUMENTS, make_arguments(Shape(3, 5, 7), torch.float32, "cuda")))
     for name, change in changes.items():
         arguments[name] = change(arguments[name])
     return list(arguments.values())
 
 
-BAD_INPUTS = {
-    "input on the CPU": (dict(input=lambda t: t.cpu()), r"input must be a CUDA tensor, got device cpu"),
-    "weights on the CPU": (dict(weights=lambda t: t.cpu()), r"weights must be a CUDA tensor, got device cpu"),
-    "float16": (dict(input=lambda t: t.half(), weights=lambda t: t.half(), bias=lambda t: t.half(),
-                     old_h=lambda t: t.half(), old_cell=lambda t: t.half()), r"input must be float32 or float64, got Half"),
-    "integer": (dict(old_cell=lambda t: t.int()), r"old_cell must be float32 or float64, got Int"),
-    "mixed dtypes": (dict(bias=lambda t: t.double()), r"bias is Double but input is Float"),
-    "1-D input": (dict(input=lambda t: t[0]), r"input must be 2-D \(batch, features\), got shape \[5\]"),
-    "batch of old_h": (dict(old_h=lambda t: t[:2]), r"old_h has batch size 2 but input has 3"),
-    "old_cell's state": (dict(old_cell=lambda t: t[:, :6]), r"old_cell must have shape \[3, 7\], got \[3, 6\]"),
-    "weights' features": (dict(weights=lambda t: t[:, :11]), r"weights must have shape \[21, 12\], got \[21, 11\]"),
-    "bias": (dict(bias=lambda t: t[:20]), r"bias must have shape \(21\) or \(1, 21\), got \[20\]"),
-}
-
-
 @needs_kernels
-@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
-def test_bad_input_is_a_clear_error(case):
-    changes, pattern = BAD_INPUTS[case]
-    with pytest.raises(RuntimeError, match="lltm_cuda: " + pattern):
+@pytest.mark.parametrize("case", sorted(CUDA_BAD_INPUTS))
+def test_cuda_bad_input_is_a_clear_error(case):
+    changes, pattern = CUDA_BAD_INPUTS[case]
+    with pytest.raises(RuntimeError, match=pattern):
         PACKAGE.LLTMFunction.apply(*bad_arguments(**changes))
 
 
