@@ -1,0 +1,53 @@
+"""Stage 10's tests: the recurrent-cell contract (common/) for the module and the Function, the
+compiled module called directly (its seven forward results, d_X cut right when F != S), and both
+build routes: setup.py (the installed _C) and JIT (jit.build() into a temporary folder)."""
+
+import torch
+
+from eml.common.lltm_checks import CellTests, Shape, make_arguments, reference_lltm
+from eml.lltm_cpp import LLTM, LLTMFunction, _C, jit
+
+
+class TestCell(CellTests):
+    make_cell = staticmethod(LLTM)
+    function = staticmethod(LLTMFunction.apply)
+    prefix = "lltm_cpp"
+    double_backward = False  # the backward is C++, outside autograd: once differentiable
+
+
+def test_forward_returns_the_seven_tensors():
+    input, weights, bias, old_h, old_cell = make_arguments(Shape(4, 6, 5), torch.float64)
+    outputs = _C.forward(input, weights, bias, old_h, old_cell)
+    assert [tuple(t.shape) for t in outputs] == [(4, 5)] * 5 + [(4, 11), (4, 15)]
+    new_h, new_cell, input_gate, output_gate, candidate_cell, X, gate_weights = outputs
+    torch.testing.assert_close(X, torch.cat([old_h, input], 1))
+    torch.testing.assert_close(gate_weights, torch.cat([old_h, input], 1) @ weights.t() + bias)
+    expected = reference_lltm(input, weights, bias, old_h, old_cell)
+    torch.testing.assert_close(new_h, expected[0])
+    torch.testing.assert_close(new_cell, expected[1])
+
+
+def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
+    # F = 9, S = 4: split(S) would give d_old_h 4 columns and d_input only 4 of its 9.
+    arguments = make_arguments(Shape(3, 9, 4), torch.float64)
+    new_h, new_cell, *saved = _C.forward(*arguments)
+    grad_h, grad_cell = torch.ones_like(new_h), torch.zeros_like(new_cell)
+    d_old_h, d_input, d_weights, d_bias, d_old_cell = _C.backward(grad_h, grad_cell, new_cell, *saved, arguments[1])
+    assert d_old_h.shape == (3, 4) and d_input.shape == (3, 9) and d_bias.shape == (1, 12)
+    leaves = [a.detach().requires_grad_() for a in arguments]
+    reference_lltm(*leaves)[0].sum().backward()
+    torch.testing.assert_close(d_input, leaves[0].grad)
+    torch.testing.assert_close(d_old_h, leaves[3].grad)
+
+
+def test_jit_route_builds_the_same_module(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    module = jit.build()
+    assert str(tmp_path) in module.__file__
+    arguments = make_arguments(Shape(7, 13, 33), torch.float64)
+    for built, installed in zip(module.forward(*arguments), _C.forward(*arguments)):
+        torch.testing.assert_close(built, installed, rtol=0, atol=0)
+
+
+def test_setup_py_route_is_a_compiled_module_in_the_package():
+    assert _C.__name__ == "eml.lltm_cpp._C" and _C.__file__.endswith(".so")

@@ -1,0 +1,224 @@
+"""The LLTM benchmark of PyTorch's C++/CUDA extension tutorial (its benchmark.py), for every
+installed LLTM stage, and the tour's LLTM section.
+
+    python -m eml.common.lltm_bench              # both shapes, every installed LLTM stage
+    python -m eml.common.lltm_bench --threads 1  # torch.set_num_threads(1) first
+    python -m eml.common.lltm_bench --quick      # the tutorial's shape, a few runs
+
+Per cell and shape it prints the tutorial's line, ``Forward: min/avg us | Backward: min/avg us``,
+then the speed-up of forward + backward over stage 09's nn.Module (the first cell found, plain
+autograd), from the minima and from the averages, and how many KiB the cell keeps alive for its
+backward beyond its inputs, parameters and outputs. Timing: every call timed on its own with
+time.perf_counter (as the tutorial), the cells interleaved round by round so that a drift of
+the machine hits all of them alike. A stage joins by a "cells" key in its TOUR:
+{label: factory(input_features, state_size) -> module}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import math
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from eml.common import lltm_checks
+
+# (batch, features, state): the tutorial's size, and a wide input.
+SHAPES = [(16, 32, 128), (64, 1024, 128)]
+
+
+def cpu_name():
+    """The CPU's model name and family, as /proc/cpuinfo gives them."""
+    name, family = None, None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name is None:
+                    name = line.split(":", 1)[1].strip()
+                if line.startswith("cpu family") and family is None:
+                    family = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    name = name or platform.processor() or platform.machine()
+    return f"{name} (family {family})" if family else name
+
+
+def discover_cells(stages=None):
+    """{label: factory} of every installed stage's TOUR "cells", in stage order."""
+    if stages is None:
+        points = importlib.metadata.entry_points(group="eml.tour")
+        stages = [(p.name, p.load()) for p in sorted(points, key=lambda p: p.name)]
+    cells = {}
+    for _, tour in stages:
+        cells.update(tour.get("cells", {}))
+    return cells
+
+
+def _synchronize(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_cells(makers: dict, shape, *, runs=100, rounds=3, warmup=5, dtype=torch.float32, device="cpu", seed=0):
+    """{label: (forward times, backward times)} in seconds, one entry per call.
+
+    All cells get the same input, state and weights (copied from the first cell)."""
+    batch, features, state = shape
+    generator = torch.Generator().manual_seed(seed)
+    input, old_h, old_cell = (torch.randn(batch, n, generator=generator, dtype=dtype).to(device)
+                              for n in (features, state, state))
+    torch.manual_seed(seed)
+    cells = {label: make(features, state).to(device=device, dtype=dtype) for label, make in makers.items()}
+    first = next(iter(cells.values()))
+    for cell in cells.values():
+        cell.load_state_dict(first.state_dict())
+    grads = [torch.randn(batch, state, generator=generator, dtype=dtype).to(device) for _ in range(2)]
+    times = {label: ([], []) for label in cells}
+
+    def one_call(cell, record):
+        for p in cell.parameters():
+            p.grad = None
+        _synchronize(device)
+        start = time.perf_counter()
+        new_h, new_cell = cell(input, (old_h, old_cell))
+        _synchronize(device)
+        middle = time.perf_counter()
+        torch.autograd.backward([new_h, new_cell], grads)
+        _synchronize(device)
+        end = time.perf_counter()
+        if record is not None:
+            record[0].append(middle - start)
+            record[1].append(end - middle)
+
+    for cell in cells.values():
+        for _ in range(warmup):
+            one_call(cell, None)
+    for _ in range(rounds):
+        for label, cell in cells.items():
+            for _ in range(runs):
+                one_call(cell, times[label])
+    return times
+
+
+def saved_bytes(make_cell, shape, dtype=torch.float32, device="cpu"):
+    """Bytes the cell keeps alive for its backward beyond its inputs, parameters and outputs
+    (counted by storage, once each, with torch.autograd.graph.saved_tensors_hooks)."""
+    batch, features, state = shape
+    cell = make_cell(features, state).to(device=device, dtype=dtype)
+    input, old_h, old_cell = (torch.randn(batch, n, dtype=dtype, device=device) for n in (features, state, state))
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outputs = cell(input.requires_grad_(), (old_h, old_cell))
+    known = {t.untyped_storage().data_ptr() for t in (input, old_h, old_cell, *cell.parameters(), *outputs)}
+    return sum(size for pointer, size in saved.items() if pointer not in known)
+
+
+def format_us(values):
+    return f"{min(values) * 1e6:.1f}/{statistics.fmean(values) * 1e6:.1f} us"
+
+
+def benchmark(makers: dict, shapes=SHAPES, *, runs=100, rounds=3, device="cpu", out=print):
+    """Print the tutorial's lines for every cell and shape; return {(label, shape): (fwd, bwd)}."""
+    results = {}
+    width = max(len(label) for label in makers)
+    baseline = next(iter(makers))
+    for shape in shapes:
+        out(f"  batch {shape[0]}, features {shape[1]}, state {shape[2]}:")
+        times = time_cells(makers, shape, runs=runs, rounds=rounds, device=device)
+        base_fwd, base_bwd = times[baseline]
+        base_min = min(base_fwd) + min(base_bwd)
+        base_avg = statistics.fmean(base_fwd) + statistics.fmean(base_bwd)
+        for label, (fwd, bwd) in times.items():
+            results[(label, shape)] = (fwd, bwd)
+            speed_min = base_min / (min(fwd) + min(bwd))
+            speed_avg = base_avg / (statistics.fmean(fwd) + statistics.fmean(bwd))
+            kib = saved_bytes(makers[label], shape, device=device) / 1024
+            out(f"    {label:<{width}}  Forward: {format_us(fwd)} | Backward: {format_us(bwd)} | "
+                f"fwd+bwd x{speed_min:.2f} (min) x{speed_avg:.2f} (avg) | saved {kib:.0f} KiB")
+    return results
+
+
+def check_cell(make_cell, shape=lltm_checks.Shape(16, 32, 128), device="cpu"):
+    """(ok, line): max errors in float32 against the reference, gradcheck in float64."""
+    torch.manual_seed(0)
+    cell = make_cell(shape.features, shape.state).to(device)
+    arguments = lltm_checks.make_arguments(shape, torch.float32, device)
+    arguments[1:3] = [cell.weights.detach(), cell.bias.detach()]
+    actual = lltm_checks.outputs_and_grads(lltm_checks.module_as_function(cell), arguments)
+    expected = lltm_checks.outputs_and_grads(lltm_checks.reference_lltm, arguments)
+    errors = {name: (a - e).abs().max().item() for name, a, e in zip(lltm_checks.NAMES, actual, expected)}
+    small = make_cell(4, 5).to(device=device, dtype=torch.float64)
+    try:
+        verdict = "pass" if lltm_checks.gradcheck_cell(lltm_checks.module_as_function(small), device=device) else "FAIL"
+    except Exception as error:  # gradcheck raises with the mismatching Jacobian
+        verdict = f"FAIL ({str(error).splitlines()[0]})"
+    worst = max(errors.values())
+    ok = verdict == "pass" and worst < 1e-4 and not math.isnan(worst)
+    short = {"new_h": "h", "new_cell": "c", "grad_input": "dx", "grad_weights": "dW", "grad_bias": "db",
+             "grad_old_h": "dh", "grad_old_cell": "dc"}
+    text = "  ".join(f"{short[name]} {value:.1e}" for name, value in errors.items())
+    return ok, f"max|err| float32 {shape}: {text}; float64 gradcheck: {verdict}"
+
+
+def header(runs, rounds, device="cpu"):
+    where = cpu_name() if torch.device(device).type == "cpu" else torch.cuda.get_device_name()
+    return (f"LLTM benchmark (the extension tutorial's): float32, {torch.get_num_threads()} threads, "
+            f"{rounds} interleaved rounds x {runs} calls, min/avg per call; x = speed-up over the first cell; "
+            f"{'CPU' if torch.device(device).type == 'cpu' else 'GPU'}: {where}")
+
+
+def tour_section(stages, quick: bool) -> bool:
+    """The tour's LLTM section: a correctness line per cell, then the benchmark."""
+    makers = discover_cells(stages)
+    if not makers:
+        return True
+    print("LLTM cells (stages 09-11): correctness against the reference (common/lltm_checks.py)", flush=True)
+    ok = True
+    for label, make in makers.items():
+        try:
+            good, line = check_cell(make)
+        except Exception as error:
+            good, line = False, f"FAIL {error!r}"
+        print(f"  {label}: {line}", flush=True)
+        ok = ok and good
+    runs, rounds = (20, 1) if quick else (100, 3)
+    print(header(runs, rounds), flush=True)
+    benchmark(makers, SHAPES[:1] if quick else SHAPES, runs=runs, rounds=rounds,
+              out=lambda line: print(line, flush=True))
+    return ok
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the tutorial's shape only, few calls")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads(N) first")
+    parser.add_argument("--runs", type=int, default=100, help="calls per cell per round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU stage")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    makers = discover_cells()
+    if not makers:
+        print("no LLTM stage is installed: pip install --no-build-isolation ./09_lltm_python (and 10, 11)")
+        return 1
+    runs, rounds = (20, 1) if args.quick else (args.runs, args.rounds)
+    print(header(runs, rounds, args.device), flush=True)
+    benchmark(makers, SHAPES[:1] if args.quick else SHAPES, runs=runs, rounds=rounds, device=args.device,
+              out=lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
