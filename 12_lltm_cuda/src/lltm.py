@@ -8,7 +8,7 @@ lltm_cuda_kernel.cu (one forward kernel, one backward kernel):
         -> new_h, new_cell, input_gate, output_gate, candidate_cell, X, gate_weights
     _C.backward(grad_h, grad_cell, new_cell, input_gate, output_gate, candidate_cell,
                 X, gate_weights, weights)
-        -> d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell
+        -> d_old_h, d_input, d_weights, d_bias, d_old_cell
 
 What changed since stage 10: every tensor must live on one CUDA device, and this module imports
 without the compiled ``_C`` (a CPU-only torch cannot build it): the module, its parameters and
@@ -28,6 +28,8 @@ except ImportError as error:  # not built: a CPU-only torch, or the source folde
     _IMPORT_ERROR = error
 
 
+# ---- 1. The compiled module, or why it is missing ----
+
 def _extension():
     """The compiled module, or a RuntimeError that says why it is missing and what to do."""
     if _C is not None:
@@ -44,15 +46,17 @@ def _extension():
     )
 
 
+# ---- 2. The autograd.Function and the module ----
+
 class LLTMFunction(torch.autograd.Function):
-    """The LLTM cell on CUDA tensors: LLTMFunction.apply(input, weights, bias, old_h, old_cell)
-    returns (new_h, new_cell)."""
+    """The LLTM cell with a hand-written backward: LLTMFunction.apply(input, weights, bias,
+    old_h, old_cell) returns (new_h, new_cell), all tensors on one CUDA device."""
 
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
         outputs = _extension().forward(input, weights, bias, old_h, old_cell)  # C++ checks the inputs
         new_h, new_cell, input_gate, output_gate, candidate_cell, X, gate_weights = outputs
-        ctx.bias_shape = bias.shape  # the bias gradient comes back in the bias's own shape
+        ctx.bias_shape = bias.shape  # the bias gradient goes back in the bias's own shape
         ctx.save_for_backward(new_cell, input_gate, output_gate, candidate_cell, X, gate_weights, weights)
         return new_h, new_cell
 
@@ -62,8 +66,8 @@ class LLTMFunction(torch.autograd.Function):
         # whether a second backward could be asked for (grad_h alone is often a constant).
         return LLTMFunction.backward_once(ctx, grad_h, grad_cell, *ctx.saved_tensors)
 
-    # The backward is CUDA, outside autograd: it cannot be differentiated again. The decorator
-    # makes a second backward (create_graph=True) raise instead of silently returning constants.
+    # The backward is C++ and CUDA, outside autograd: its result cannot be differentiated again.
+    # The decorator makes a second backward (create_graph=True) raise instead of silently returning wrong second derivatives.
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward_once(ctx, grad_h, grad_cell, *saved):
@@ -101,6 +105,7 @@ class LLTM(torch.nn.Module):
 
     def forward(self, input, state):
         old_h, old_cell = state
+        # Autograd cannot see into C++: the Function's hand-written backward does the gradients.
         return LLTMFunction.apply(input, self.weights, self.bias, old_h, old_cell)
 
     def extra_repr(self):
