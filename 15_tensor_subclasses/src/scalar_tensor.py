@@ -7,8 +7,7 @@ PyTorch's "Extending PyTorch" notes (an N x N diagonal matrix ``value * I`` stor
 numbers), with its defects fixed:
 
   - ``implements`` uses ``functools.update_wrapper(func, torch_function)`` on the registered
-    function (the seed applied ``functools.wraps(torch_function)`` to the decorator itself,
-    which renamed the decorator, not the implementation);
+    implementation, and returns it unchanged (the metadata belongs there, not on the decorator);
   - ``__torch_function__`` returns ``NotImplemented`` for a function it does not handle AND for
     argument types it does not know (``issubclass`` checks on ``types``), so torch can try the
     other types' overrides and then raise a clear TypeError;

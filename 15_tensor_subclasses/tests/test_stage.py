@@ -106,7 +106,7 @@ def test_implements_uses_update_wrapper_on_the_implementation():
     assert implementation is scalar_tensor.mean, "the decorator returns the function itself"
     assert implementation.__name__ == "mean" and implementation.__wrapped__ is torch.mean
     assert implementation.__doc__ == torch.mean.__doc__
-    assert implements.__name__ == "implements"  # the seed's wraps() renamed the decorator instead
+    assert implements.__name__ == "implements"  # the decorator keeps its own name
 
 
 def test_scalar_tensor_rejects_a_bad_size():
