@@ -9,5 +9,6 @@ __all__ = ["Layer", "backward", "forward", "ops", "peak_gflops"]
 # How this stage joins the tour (`python -m eml.common.tour`): setup.py names this dict as an
 # entry point in the group "eml.tour". Each label maps to a factory (in, out, bias=True);
 # "peak_gflops" makes the tour's table show every GFLOP/s figure also as a % of the peak.
-# The compiled-MLP table (torch.compile, bfloat16) is eml.common.tour_compile's section.
-TOUR = {"layers": {"08 custom op": Layer}, "peak_gflops": peak_gflops}
+# "compile_layers": layers that torch.compile can compile whole: eml.common.tour_compile times
+# an MLP of them against the same MLP on nn.Linear, both compiled (float32 and bfloat16).
+TOUR = {"layers": {"08 custom op": Layer}, "compile_layers": {"08 custom op": Layer}, "peak_gflops": peak_gflops}
