@@ -121,7 +121,7 @@ def test_every_handled_function_is_overridable_and_covered():
     assert set(HANDLED_FUNCTIONS) <= overridable
     assert coverage.missing_parameters() == {}
     line = coverage.report()
-    assert line.startswith(f"handles 2 of {len(overridable)} overridable functions in torch (torch.add, torch.mean)")
+    assert line.startswith("handles 2 overridable functions of torch (torch.add, torch.mean)")
     assert "every torch parameter accepted" in line
 
 
