@@ -393,10 +393,12 @@ def test_abi3_wheel_installs_into_a_fresh_venv(tmp_path):
     python = env_dir / "bin" / "python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    torch_site = pathlib.Path(torch.__file__).parents[1]
-    pathlib.Path(site, "torch_from_the_tutorial_env.pth").write_text(f"{torch_site}\n")  # appended after site itself
+    # Install first (pip sees an empty venv, nothing "already satisfied"), then lend it torch.
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
                    check=True, timeout=300)
+    assert pathlib.Path(site, "eml", "linear_op", "_C.abi3.so").is_file()
+    torch_site = pathlib.Path(torch.__file__).parents[1]
+    pathlib.Path(site, "torch_from_the_tutorial_env.pth").write_text(f"{torch_site}\n")  # searched after site itself
     smoke = (
         "import torch, torch.nn.functional as F, eml.linear_op as m\n"
         f"assert m.__file__.startswith({site!r}), m.__file__\n"
