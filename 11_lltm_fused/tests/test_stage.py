@@ -1,0 +1,89 @@
+"""Stage 11's tests: the recurrent-cell contract (common/) for the module and the Function (one
+answer on 1 and 2 threads included), the compiled module called directly (its three forward
+results, d_X cut right when F != S, the GEMMs skipped when not asked for), what the Function
+saves for the backward, one OpenMP runtime in the process, and both build routes."""
+
+import torch
+
+from eml.common.lltm_checks import CellTests, Shape, make_arguments, reference_lltm
+from eml.lltm_fused import LLTM, LLTMFunction, _C, jit
+
+
+class TestCell(CellTests):
+    make_cell = staticmethod(LLTM)
+    function = staticmethod(LLTMFunction.apply)
+    prefix = "lltm_fused"
+    double_backward = False  # the backward is C++, outside autograd: once differentiable
+
+
+def test_forward_returns_h_cell_and_the_gates():
+    input, weights, bias, old_h, old_cell = make_arguments(Shape(4, 6, 5), torch.float64)
+    new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
+    assert [tuple(t.shape) for t in (new_h, new_cell, gates)] == [(4, 5), (4, 5), (4, 15)]
+    torch.testing.assert_close(gates, torch.cat([old_h, input], 1) @ weights.t() + bias)
+    expected = reference_lltm(input, weights, bias, old_h, old_cell)
+    torch.testing.assert_close(new_h, expected[0])
+    torch.testing.assert_close(new_cell, expected[1])
+
+
+def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
+    # F = 9, S = 4: split(S) would give d_old_h 4 columns and d_input only 4 of its 9.
+    arguments = make_arguments(Shape(3, 9, 4), torch.float64)
+    input, weights, bias, old_h, old_cell = arguments
+    new_h, new_cell, gates = _C.forward(*arguments)
+    grad_h, grad_cell = torch.ones_like(new_h), torch.zeros_like(new_cell)
+    d_old_h, d_input, d_weights, d_bias, d_old_cell = _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h,
+                                                                  weights, True, True)
+    assert d_old_h.shape == (3, 4) and d_input.shape == (3, 9) and d_bias.shape == (1, 12)
+    leaves = [a.detach().requires_grad_() for a in arguments]
+    reference_lltm(*leaves)[0].sum().backward()
+    torch.testing.assert_close(d_input, leaves[0].grad)
+    torch.testing.assert_close(d_old_h, leaves[3].grad)
+    torch.testing.assert_close(d_weights, leaves[1].grad)
+
+
+def test_backward_skips_the_gemms_nobody_asked_for():
+    input, weights, bias, old_h, old_cell = make_arguments(Shape(3, 5, 7), torch.float64)
+    new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
+    results = _C.backward(new_h, new_cell, new_cell, gates, input, old_h, weights, False, False)
+    assert [r is None for r in results] == [True, True, True, False, False]
+
+
+def saved_bytes(function, arguments):
+    """Bytes of the tensors the Function saves for the backward that are not its inputs or outputs."""
+    known, extra = set(), {}
+
+    def pack(tensor):
+        extra[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    leaves = [a.detach().requires_grad_() for a in arguments]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outputs = function(*leaves)
+    known = {t.untyped_storage().data_ptr() for t in (*leaves, *outputs)}
+    return sum(size for pointer, size in extra.items() if pointer not in known)
+
+
+def test_saves_only_the_gates_for_the_backward():
+    shape = Shape(64, 1024, 128)
+    arguments = make_arguments(shape, torch.float32)
+    assert saved_bytes(LLTMFunction.apply, arguments) == shape.batch * 3 * shape.state * 4
+
+
+def test_one_openmp_runtime_in_the_process():
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) <= 1, f"more than one OpenMP runtime loaded: {sorted(runtimes)}"
+
+
+def test_jit_route_builds_the_same_module(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    module = jit.build()
+    assert str(tmp_path) in module.__file__
+    arguments = make_arguments(Shape(7, 13, 33), torch.float64)
+    for built, installed in zip(module.forward(*arguments), _C.forward(*arguments)):
+        torch.testing.assert_close(built, installed, rtol=0, atol=0)
+
+
+def test_setup_py_route_is_a_compiled_module_in_the_package():
+    assert _C.__name__ == "eml.lltm_fused._C" and _C.__file__.endswith(".so")
