@@ -8,6 +8,8 @@ Run it: ``python -m eml.c_ffi.bench`` (prints the CPU; numbers vary with the mac
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 from torch.utils import benchmark
 
@@ -24,8 +26,12 @@ def cpu_name() -> str:
     return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')})"
 
 
-def measure(sizes=(1, 1 << 20), min_run_time=0.3):
-    """Median microseconds per call of each route, for each element count."""
+def measure(sizes=(1, 1 << 20), rounds=5, min_run_time=0.05):
+    """Median microseconds per call of each route, for each element count.
+
+    The routes are timed in interleaved rounds (round 1: every route, round 2: every route, ...)
+    so that a change in the machine's load hits all of them alike; the median over the rounds.
+    """
     routes = {
         "torch.add (ATen)": lambda a, b: torch.add(a, b),
         "clib.add_forward (ctypes, raw)": clib.add_forward,
@@ -36,14 +42,17 @@ def measure(sizes=(1, 1 << 20), min_run_time=0.3):
     rows = []
     for n in sizes:
         a, b = torch.randn(n), torch.randn(n)
-        for label, fn in routes.items():
-            timer = benchmark.Timer("fn(a, b)", globals={"fn": fn, "a": a, "b": b}, num_threads=1)
-            rows.append((n, label, timer.blocked_autorange(min_run_time=min_run_time).median * 1e6))
+        times = {label: [] for label in routes}
+        for _ in range(rounds):
+            for label, fn in routes.items():
+                timer = benchmark.Timer("fn(a, b)", globals={"fn": fn, "a": a, "b": b}, num_threads=1)
+                times[label].append(timer.blocked_autorange(min_run_time=min_run_time).median)
+        rows += [(n, label, statistics.median(t) * 1e6) for label, t in times.items()]
     return rows
 
 
 def main():
-    print(f"CPU: {cpu_name()}, torch {torch.__version__}, 1 thread; median us per call")
+    print(f"CPU: {cpu_name()}, torch {torch.__version__}, 1 thread; median us per call over 5 interleaved rounds")
     for n, label, us in measure():
         print(f"  n = {n:>8}  {label:<34} {us:10.2f} us")
 
