@@ -3,6 +3,7 @@
 What this stage teaches: the price of the ctypes route is paid per call, in Python: checks,
 ``data_ptr()``, argument conversion, the foreign call. On a tiny tensor that is all there is;
 on a large one the C loop's own speed decides.
+What changed: a new route, not a copy of an earlier stage (README).
 Run it: ``python -m eml.c_ffi.bench`` (prints the CPU; numbers vary with the machine's load).
 """
 

@@ -1,6 +1,7 @@
 """Stage 13: the tour's correctness line (python -m eml.common.tour), one check per lesson.
 
 What this stage teaches: see clib.py, layer.py and ops.py; this file only reports them.
+What changed: a new route, not a copy of an earlier stage (README).
 Run it: ``python -c "from eml.c_ffi import tour_check; print(tour_check())"``.
 """
 

@@ -1,5 +1,8 @@
 """Stage 15: the tour's correctness line (python -m eml.common.tour), one check per lesson.
 
+What this stage teaches: see scalar_tensor.py, subclasses.py, coverage.py and dispatch_log.py.
+What changed: a new route, not a copy of an earlier stage (README).
+
 Run it: ``python -c "from eml.tensor_subclasses import tour_check; print(tour_check())"``.
 """
 
