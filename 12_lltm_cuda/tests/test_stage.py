@@ -212,6 +212,130 @@ def test_host_check_finds_each_defect(old, new):
     assert host_defects(text.replace(old, new, 1)) != []
 
 
+# ---- 1b. The kernel file itself, run on the CPU ----
+# Without a GPU the kernels can still run: the .cu file is compiled as plain C++ with a small
+# shim (the CUDA keywords become nothing, blockIdx / threadIdx are variables, and each
+# `kernel<<<grid, block, 0, stream>>>(...)` becomes a loop over every block and thread of the
+# grid, one thread after the other: valid for kernels without shared memory or barriers).
+# What runs is this stage's own source: its maths, its indexing, its guards, its grid shape.
+
+EMULATION_SHIM = r"""
+#include <cmath>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+using std::exp;
+using std::expm1;
+using std::tanh;
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+struct uint3 { unsigned x, y, z; };
+static uint3 blockIdx, threadIdx;
+static dim3 blockDim, gridDim;
+typedef void* cudaStream_t;
+namespace at {  // ATen defines it only for nvcc (__CUDACC__)
+template <typename T>
+struct RestrictPtrTraits { typedef T* __restrict__ PtrType; };
+}  // namespace at
+static cudaStream_t emulated_current_stream() { return nullptr; }
+static int emulated_launches = 0;
+#define C10_CUDA_KERNEL_LAUNCH_CHECK() (void)0
+template <typename Kernel, typename... Args>
+void emulate_launch(dim3 grid, dim3 block, cudaStream_t, Kernel kernel, Args... args) {
+  ++emulated_launches;
+  gridDim = grid;
+  blockDim = block;
+  for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned bx = 0; bx < grid.x; ++bx)
+      for (unsigned ty = 0; ty < block.y; ++ty)
+        for (unsigned tx = 0; tx < block.x; ++tx) {
+          blockIdx = {bx, by, 0};
+          threadIdx = {tx, ty, 0};
+          kernel(args...);
+        }
+}
+"""
+
+EMULATION_BINDING = r"""
+int launches() { return emulated_launches; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward_elementwise", &lltm_cuda_forward_elementwise);
+  m.def("backward_elementwise", &lltm_cuda_backward_elementwise);
+  m.def("launches", &launches);
+}
+"""
+
+
+def emulated_source(text):
+    """The .cu file as plain C++ for the CPU emulation (see EMULATION_SHIM)."""
+    text = re.sub(r"#include <(c10/cuda/[^>]+|cuda\.h|cuda_runtime\.h)>.*\n", "", text)
+    text = text.replace("at::cuda::getCurrentCUDAStream()", "emulated_current_stream()")
+    text, launches_rewritten = re.subn(r"(\w+<scalar_t>)<<<\s*([^,]+?),\s*([^,]+?),\s*[^,]+?,\s*([^>]+?)>>>\(",
+                                       r"emulate_launch(\2, \3, \4, \1, ", text)
+    assert launches_rewritten == 2, f"expected two launches to rewrite, found {launches_rewritten}"
+    return EMULATION_SHIM + text + EMULATION_BINDING
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """The kernel file compiled for the CPU (about a minute: one translation unit with torch)."""
+    from torch.utils.cpp_extension import load_inline
+
+    build = tmp_path_factory.mktemp("lltm_cuda_emulated")
+    return load_inline(name="lltm_cuda_emulated", cpp_sources=[emulated_source(KERNEL.read_text())],
+                       extra_cflags=["-O2"], build_directory=str(build))
+
+
+def reference_elementwise(gate_weights, old_cell, grad_h, grad_cell):
+    """Forward outputs and (d_old_cell, d_gates) of the element-wise part, by autograd."""
+    state = old_cell.shape[1]
+    gates = gate_weights.detach().requires_grad_()
+    cell = old_cell.detach().requires_grad_()
+    input_gate = torch.sigmoid(gates[:, :state])
+    output_gate = torch.sigmoid(gates[:, state:2 * state])
+    candidate = torch.nn.functional.elu(gates[:, 2 * state:])
+    new_cell = cell + candidate * input_gate
+    new_h = torch.tanh(new_cell) * output_gate
+    d_gates, d_old_cell = torch.autograd.grad([new_h, new_cell], [gates, cell], [grad_h, grad_cell])
+    outputs = [t.detach() for t in (new_h, new_cell, input_gate, output_gate, candidate)]
+    return outputs, [d_old_cell, d_gates]
+
+
+# (batch, state): around the 32 x 8 block, an empty batch and state, and more rows than one
+# grid holds (65535 blocks of 8 rows), so that threads loop over rows.
+EMULATED_SHAPES = [(1, 1), (7, 33), (9, 31), (8, 32), (16, 128), (3, 257), (0, 5), (4, 0), (524_289, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_kernels_run_on_the_cpu_against_autograd(emulated, dtype):
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
+    for batch, state in EMULATED_SHAPES:
+        if batch > 100_000 and dtype == torch.float32:
+            continue  # the row loop once is enough (float64)
+        generator = torch.Generator().manual_seed(batch * 1000 + state)
+        gate_weights, old_cell, grad_h, grad_cell = (
+            torch.randn(batch, n, generator=generator, dtype=dtype) * 2 for n in (3 * state, state, state, state))
+        expected, expected_grads = reference_elementwise(gate_weights, old_cell, grad_h, grad_cell)
+        launches = emulated.launches()
+        outputs = emulated.forward_elementwise(gate_weights, old_cell)
+        new_h, new_cell, input_gate, output_gate, candidate = outputs
+        grads = emulated.backward_elementwise(grad_h, grad_cell, new_cell, input_gate, output_gate, candidate)
+        assert emulated.launches() - launches == (2 if batch and state else 0), "one launch each way"
+        names = ["new_h", "new_cell", "input_gate", "output_gate", "candidate_cell", "d_old_cell", "d_gates"]
+        for name, actual, wanted in zip(names, outputs + grads, expected + expected_grads):
+            torch.testing.assert_close(actual, wanted, **tolerance, msg=lambda m: f"B{batch} S{state} {name}: {m}")
+
+
+def test_a_guard_made_always_true_is_flagged():
+    # The seed texts' defect, applied to this file: `if (true)` in place of `column < state_size`.
+    # (Compiled and run, the spare threads of the last block would write into the next row.)
+    broken = KERNEL.read_text().replace("if (column < state_size) {", "if (true) {")
+    assert broken != KERNEL.read_text()
+    assert kernel_defects(broken) != []
+
+
 # ---- 2. The Python package without the compiled module ----
 
 def test_package_imports_from_source_without_the_extension():
