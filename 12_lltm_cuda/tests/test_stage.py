@@ -5,7 +5,8 @@ the tests that run the kernels skip with the reason. What can be checked without
 runs: the CUDA and C++ sources are read for the defects the seed texts are known for (a launch
 on the default stream, no launch check, a bounds guard missing on one dimension, float-only
 maths such as fmaxf on doubles, raw pointers instead of packed accessors), each check is shown
-to fail on a broken snippet, the Python package imports from its source folder and raises a
+to fail on a broken snippet, the kernel file itself runs on the CPU (compiled as C++, the grid
+emulated thread by thread) against autograd, the Python package imports from its source folder and raises a
 clear "needs CUDA" error only when the cell runs, its interface is stage 09's, and setup.py and
 benchmark.py stop with one line.
 
