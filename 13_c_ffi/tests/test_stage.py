@@ -195,6 +195,15 @@ def test_torch_compile_fullgraph_forward_and_backward():
     torch.testing.assert_close(grad_w, grad_w_expected)
 
 
+def test_torch_compile_cannot_trace_the_plain_ctypes_call():
+    """Why ops.py exists: Dynamo cannot trace a ctypes function pointer, so fullgraph=True fails there."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w: LinearFunction.apply(x, w), fullgraph=True, backend="aot_eager")
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="_FuncPtr"):
+        compiled(torch.randn(2, 3), torch.randn(4, 3))
+    torch._dynamo.reset()
+
+
 def test_torch_compile_rejects_bad_shapes_while_tracing():
     """The fake functions run the same checks: the error appears at trace time, before C."""
     torch._dynamo.reset()
