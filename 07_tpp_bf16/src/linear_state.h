@@ -40,7 +40,7 @@ inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests 
 
 // How a layer computes in bfloat16 (FunctionCpp.cpp, section 6):
 //   kVnni       LIBXSMM's bf16 batch-reduce kernels on VNNI-2 packed operands (AVX512-BF16 only)
-//   kReference  the same packing and loop nest, reference_brgemm as the kernel (any CPU; slow)
+//   kReference  the same packing and loop nest, reference_batch_reduce as the kernel (any CPU; slow)
 //   kFp32       the fallback: bf16 operands converted to fp32 once, stage 06's fp32 kernels,
 //               the result rounded to bf16 once
 // A new state takes kVnni where bf16_kernels_available(), else kFp32.

@@ -37,7 +37,7 @@
 //     second call with count 1;
 //   - C is an fp32 tile of the thread's own (zeroed first), and the epilogue adds the bias in
 //     fp32 and rounds to bf16 once, writing the output tile.
-// The kernel is either LIBXSMM's JIT code or reference_brgemm below, plain C++ loops that read
+// The kernel is either LIBXSMM's JIT code or reference_batch_reduce below, plain C++ loops that read
 // the same packed panels and accumulate in fp32 as VDPBF16PS does: the "reference" path runs the
 // whole layout, loop nest and rounding on any CPU (tests), at scalar speed.
 #pragma once
@@ -86,7 +86,7 @@ inline idx pack_vnni2(const bf16* i_src, idx M, idx K, idx i_stride_i, idx i_str
 
 // C (m x n, fp32, ldc) += sum_r A_r . B_r, A_r VNNI-2 (lda rows), B_r column-major bf16 (ldb);
 // every product and sum in fp32, pairs first, as VDPBF16PS. k is even.
-inline void reference_brgemm(const Bf16KernelShape& s, const bf16* a, const bf16* b, float* c, idx i_count) {
+inline void reference_batch_reduce(const Bf16KernelShape& s, const bf16* a, const bf16* b, float* c, idx i_count) {
   for (idx l_r = 0; l_r < i_count; l_r++) {
     const bf16* l_a = a + l_r * s.stride_a;
     const bf16* l_b = b + l_r * s.stride_b;
@@ -111,7 +111,7 @@ struct Bf16Kernel {
       const unsigned long long l_count = i_count;
       jit(reinterpret_cast<const libxsmm_bfloat16*>(a), reinterpret_cast<const libxsmm_bfloat16*>(b), c, &l_count);
     } else {
-      reference_brgemm(shape, a, b, c, i_count);
+      reference_batch_reduce(shape, a, b, c, i_count);
     }
   }
 };

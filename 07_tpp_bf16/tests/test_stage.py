@@ -1,11 +1,12 @@
-"""Stage 06's tests: the shared contracts (common/) for the Layer and the Function, also with tiny
-blocks that make every tail kernel run, and what is new in this stage: the LinearState (kernels
-dispatched at construction and lazily, lifetime, flat memory), the pack cache (reused while the
-weight is unchanged, never stale after a change PyTorch can see), a NULL kernel as a clear
-error, a missing LIBXSMM as a clear build error, the peak probe and the tour entry, one OpenMP
-runtime and bitwise the same answer on 1 and 2 threads. Plus stage 05's checks of the C++
-functions themselves: the course's two declarations, only the requested gradients computed,
-every message from check_inputs, no ATen matrix product anywhere in the source."""
+"""Stage 07's tests: stage 06's contracts for float32 and float64 (the Layer stays a drop-in for
+torch.nn.Linear), and what is new: bfloat16 through the shared bf16 and autocast checks
+(common/eml/common/bf16_checks.py) on every bf16 path this CPU can run: the default path (the
+VNNI kernels where LIBXSMM has bf16 kernels, else the fp32 fallback) and the "reference" path,
+which runs the VNNI-2 packing, the bf16 loop nest, fp32 accumulation and the one rounding with a
+plain C++ micro-kernel in place of the JIT one, also with tiny blocks so that every tail runs;
+the VNNI-2 layout against a Python reference; the bf16 path as a property of the state; the
+bf16 peak probe; the tour entry. Plus stage 06's checks of the state, the pack cache, NULL
+kernels, the build and the source."""
 
 import copy
 import gc
@@ -23,13 +24,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from eml.common.bf16_checks import Bf16LayerTests
 from eml.common.checks import CASES, Case, FunctionTests, LayerTests, assert_close, expect_error
 from eml.common.cpp_checks import (
     AWKWARD, CppModuleTests, assert_no_matrix_product, assert_results_close, everything, expected_grads, tensors,
 )
-from eml.linear_tpp_bf16 import TOUR, Function, Layer, _C, peak_gflops
+from eml.linear_tpp_bf16 import TOUR, Function, Layer, _C, bf16_path, peak_gflops, peak_gflops_bf16
 
-STAGE = pathlib.Path(__file__).resolve().parents[1]  # 06_tpp/, as shipped in the repository
+STAGE = pathlib.Path(__file__).resolve().parents[1]  # 07_tpp_bf16/, as shipped in the repository
 
 # Blocks of 2 to 5 so that even the tests' small shapes have a tail in m, n and k for every
 # product (13 = 4*3 + 1, 7 = 3*2 + 1, ...): all 16 kernel variants of each product run.
@@ -89,6 +91,167 @@ class TestModule(CppModuleTests):
     def apply(self, input, weight, bias):
         state = _C.LinearState(weight.shape[1], weight.shape[0])
         return Function.apply(input, weight, bias, state), (state,)  # the Layer's state reaches C++
+
+
+# -- bfloat16: the shared checks on every path this CPU runs ---------------------------------
+def reference_path_layer(*args, **kwargs):
+    """A Layer whose bf16 products run the VNNI-2 loop nest with the plain C++ micro-kernel."""
+    layer = Layer(*args, **kwargs)
+    layer.bf16_path = "reference"
+    return layer
+
+
+def reference_path_tiny_block_layer(*args, **kwargs):
+    layer = reference_path_layer(*args, **kwargs)
+    layer.state.set_config(**TINY_BLOCKS, n_outer=[True, False, True])
+    return layer
+
+
+class TestBf16(Bf16LayerTests):
+    """The default bf16 path: VNNI kernels where this CPU has bf16 kernels, else the fp32 fallback."""
+
+    make_layer = staticmethod(Layer)
+
+
+class TestBf16ReferencePath(Bf16LayerTests):
+    make_layer = staticmethod(reference_path_layer)
+
+
+class TestBf16ReferencePathTinyBlocks(Bf16LayerTests):
+    """Tiny blocks: every tail kernel, odd k padded to a pair, several batch-reduce blocks."""
+
+    make_layer = staticmethod(reference_path_tiny_block_layer)
+
+
+@pytest.mark.parametrize("path", ["fp32", "reference"])
+@pytest.mark.parametrize("case", AWKWARD, ids=str)
+def test_bf16_paths_on_awkward_shapes(case, path):
+    """Output and gradients straight from the extension against torch's float64 products of the
+    same bf16 values: fp32 accumulation and one rounding leave about one bf16 rounding of error."""
+    input, weight, bias, grad_output = (t.bfloat16() for t in tensors(case, torch.float32))
+    state = _C.LinearState(case.in_features, case.out_features)
+    state.bf16_path = path
+    got = everything(_C, input, weight, bias, grad_output, state)
+    x, w, b, gy = (t.double() for t in (input, weight, bias, grad_output))
+    want = [F.linear(x, w, b), *expected_grads(x, w, gy)]
+    n = math.prod(case.leading)
+    for name, g, e, terms in zip(["output", "grad_input", "grad_weight", "grad_bias"], got, want,
+                                 [case.in_features, case.out_features, n, n]):
+        assert g.dtype == torch.bfloat16 and g.shape == e.shape, f"{name}: {g.dtype} {tuple(g.shape)}"
+        # one rounding (2^-8 relative) plus fp32 summation error of `terms` products
+        scale = e.abs().max().item() if e.numel() else 0.0
+        torch.testing.assert_close(g.double(), e, rtol=2.0**-8, atol=1e-6 * max(1, terms) * max(1.0, scale),
+                                   msg=lambda m: f"{name} {case} {path}: {m}")
+
+
+def test_bf16_paths_agree_closely():
+    """The reference micro-kernel and the fp32 fallback: both fp32 sums rounded once, so they
+    differ at most by one bf16 rounding step, and only on a few elements."""
+    input, weight, bias, _ = (t.bfloat16() for t in tensors(Case((131,), 257, 263), torch.float32))
+    results = {}
+    for path in ("fp32", "reference"):
+        state = _C.LinearState(257, 263)
+        state.bf16_path = path
+        results[path] = _C.forward(input, weight, bias, state).float()
+    differ = results["fp32"] != results["reference"]
+    assert differ.float().mean() < 0.05, "most elements round to the same bf16"
+    torch.testing.assert_close(results["fp32"], results["reference"], rtol=2.0**-7, atol=0)
+
+
+def python_vnni2(a, bm):
+    """The VNNI-2 layout in PyTorch: [panel][k/2][row][2], zero padding for odd k and the tail panel."""
+    m, k = a.shape
+    panels, k2 = (m + bm - 1) // bm, (k + 1) // 2
+    padded = torch.zeros(panels * bm, 2 * k2, dtype=a.dtype)
+    padded[:m, :k] = a
+    return padded.reshape(panels, bm, k2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+@pytest.mark.parametrize("m, k, bm", [(1, 1, 1), (3, 5, 2), (4, 4, 4), (7, 9, 3), (64, 33, 64), (5, 2, 8)])
+def test_pack_vnni2_matches_the_layout(m, k, bm):
+    a = torch.randn(m, k).bfloat16()
+    packed = _C.pack_vnni2(a, bm)
+    assert packed.shape == (-(-m // bm), (k + 1) // 2, bm, 2)
+    assert torch.equal(packed, python_vnni2(a, bm))
+    # the picture of the README: row i, pair p holds A[i][2p] and A[i][2p + 1], side by side
+    first_pair = a[0, :2] if k >= 2 else torch.stack([a[0, 0], torch.zeros((), dtype=a.dtype)])
+    assert torch.equal(packed[0, 0, 0], first_pair)
+
+
+def test_pack_vnni2_refuses_bad_input():
+    expect_error(lambda: _C.pack_vnni2(torch.randn(3, 4), 2), r"^linear_tpp_bf16: ", r"BFloat16", r"Float")
+    expect_error(lambda: _C.pack_vnni2(torch.randn(4).bfloat16(), 2), r"^linear_tpp_bf16: ", r"2-d", r"\b1-d")
+    expect_error(lambda: _C.pack_vnni2(torch.randn(3, 4).bfloat16(), 0), r"^linear_tpp_bf16: ", r"bm >= 1", r"\b0\b")
+
+
+# -- the bf16 path: chosen at run time, a property of the state --------------------------------
+def test_default_path_follows_the_cpu():
+    assert bf16_path() == ("vnni" if _C.bf16_kernels_available() else "fp32")
+    layer = Layer(5, 3)
+    assert layer.bf16_path == layer.state.bf16_path == bf16_path()
+    assert f"bf16_path={bf16_path()}" in repr(layer.state)
+
+
+def test_bf16_path_refuses_what_cannot_run():
+    state = _C.LinearState(5, 3)
+    expect_error(lambda: setattr(state, "bf16_path", "fast"), r"^linear_tpp_bf16: ", r"vnni", r"reference", r"fp32", r'"fast"')
+    if not _C.bf16_kernels_available():
+        expect_error(lambda: setattr(state, "bf16_path", "vnni"), r"^linear_tpp_bf16: ", r"vnni", r"AVX512-BF16",
+                     re.escape(_C.target_arch()))
+        assert state.bf16_path == "fp32", "unchanged after a refusal"
+
+
+def test_bf16_path_travels_with_deepcopy():
+    layer = reference_path_layer(6, 4)
+    assert copy.deepcopy(layer).bf16_path == "reference"
+
+
+@pytest.mark.parametrize("path", ["fp32", "reference"])
+def test_bf16_inference_packs_once_and_switching_path_repacks(path):
+    layer = Layer(65, 33, dtype=torch.bfloat16)
+    layer.bf16_path = path
+    x = torch.randn(7, 65).bfloat16()
+    first = inference(layer, x)
+    assert torch.equal(inference(layer, x), first) and layer.state.packs == 1
+    layer.bf16_path = "reference" if path == "fp32" else "fp32"
+    inference(layer, x)
+    assert layer.state.packs == 2, "another layout: packed again"
+
+
+def test_bf16_peak_probe_or_none():
+    if _C.bf16_kernels_available():
+        peak = peak_gflops_bf16()
+        assert isinstance(peak, float) and math.isfinite(peak) and peak > 0
+    else:
+        assert peak_gflops_bf16() is None
+        expect_error(lambda: _C.peak_gflops_bf16(), r"^linear_tpp_bf16: ", r"no bf16 kernels", re.escape(_C.target_arch()))
+
+
+def test_autocast_float16_is_refused_clearly():
+    layer = Layer(4, 3)
+    with torch.autocast("cpu", dtype=torch.float16):
+        expect_error(lambda: layer(torch.randn(2, 4)), r"^linear_tpp_bf16: ", r"autocast", r"float16", r"bfloat16")
+
+
+def test_bf16_training_steps_follow_nn_linear():
+    """A few SGD steps of a bf16 model: the losses stay within bf16 noise of nn.Linear's."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(20, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5)).bfloat16()
+    model = torch.nn.Sequential(Layer(20, 33), torch.nn.Tanh(), Layer(33, 5)).bfloat16()
+    model.load_state_dict(reference.state_dict())
+    x, target = torch.randn(70, 20).bfloat16(), torch.randn(70, 5).bfloat16()
+    for m in (reference, model):
+        optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+        losses = []
+        for _ in range(4):
+            optimizer.zero_grad()
+            loss = F.mse_loss(m(x), target)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        m.losses = losses
+    assert model.losses[-1] < model.losses[0], "it learns"
+    torch.testing.assert_close(torch.tensor(model.losses), torch.tensor(reference.losses), rtol=2e-2, atol=0)
 
 
 class TestModuleTemporaryState(TestModule):
@@ -410,18 +573,21 @@ def test_peak_probe_returns_a_positive_finite_number():
 
 
 def test_tour_registration():
-    assert TOUR["layers"] == {"06 tpp": Layer}
-    assert all(len(label) <= 22 for label in TOUR["layers"]), "the tour's table has 22 characters for a label"
-    assert TOUR["peak_gflops"] is peak_gflops
+    assert TOUR["bf16_layers"] == {"07 tpp bf16": Layer}
+    assert all(len(label) <= 22 for label in TOUR["bf16_layers"]), "the tour's table has 22 characters for a label"
+    assert TOUR["peak_gflops_bf16"] is peak_gflops_bf16 and TOUR["bf16_path"] is bf16_path
+    ok, line = TOUR["checks"]["07 tpp bf16 float32"]()
+    assert ok and "gradcheck: pass" in line, line
     points = {point.name: point for point in importlib.metadata.entry_points(group="eml.tour")}
-    assert points["06_tpp"].value == "eml.linear_tpp_bf16:TOUR"
+    assert points["07_tpp_bf16"].value == "eml.linear_tpp_bf16:TOUR"
 
 
-def test_only_float_and_double_kernels_exist():
-    # LIBXSMM's GEMMs are built for float and double only here.
+def test_float_double_and_bfloat16_only():
+    # LIBXSMM's GEMMs are built for float, double and (VNNI) bfloat16 here; half is refused.
     x, w = torch.randn(4, 6), torch.randn(3, 6)
-    expect_error(lambda: _C.forward(x.half(), w.half()), r"^linear_tpp_bf16: ", r"dtype", r"Half")
-    expect_error(lambda: _C.forward(x.bfloat16(), w.bfloat16()), r"^linear_tpp_bf16: ", r"dtype", r"BFloat16")
+    expect_error(lambda: _C.forward(x.half(), w.half()), r"^linear_tpp_bf16: ", r"dtype", r"Half", r"BFloat16")
+    assert _C.forward(x.bfloat16(), w.bfloat16()).dtype == torch.bfloat16
+    expect_error(lambda: _C.forward(x.bfloat16(), w), r"^linear_tpp_bf16: ", r"dtype", r"BFloat16", r"Float")
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
