@@ -7,15 +7,17 @@ A registered operator takes tensors and scalars only, so stage 06's per-layer py
 (JIT kernels, plans, packed weight) cannot be passed to it. The candidates, timed on the same
 C++ (stage 06's functions expose every variant through their state and cache_weight arguments):
 
-    A  08's op: process-wide state per (in, out), weight packed every call   torch.ops.eml.linear
+    A  08's op: process-wide state per (in, out), weight packed every call   torch.ops.eml.linear.default
+    A0 the same op entered below autograd: without register_autograd's Python kernel
     B  06, a state per layer, weight packed every call                      _C.forward(.., state, False)
     C  06, a state per layer, pack cached while the weight is unchanged     _C.forward(.., state, True)
     D  no state kept at all: kernels looked up and plans built every call   _C.forward(.., None, False)
 
-so that A - B is what the dispatcher and the process-wide table cost against a pybind11 call,
-B - C is what packing the weight costs per call, and D - B what a kept state saves. Forward
+so that A - B is what the dispatcher, the Python autograd kernel and the process-wide table
+cost against a pybind11 call (A0 - B: without the Python autograd kernel), B - C is what packing the weight costs per call, and D - B what a kept state saves. Forward
 only, under no_grad (inference: where a pack cache can help at all; in training 06 packs the
-weight every step too), float32, all threads, medians of interleaved rounds.
+weight every step too), float32, medians of interleaved rounds, on --threads threads (default:
+torch.get_num_threads()).
 """
 
 import argparse
@@ -28,26 +30,44 @@ import eml.linear_op  # noqa: F401  registers torch.ops.eml
 from eml.common.tour import cpu_name
 from eml.linear_tpp import _C as stage06
 
+def cpu_line():
+    """The CPU's name, family and model, and its widest vector extension, from /proc/cpuinfo."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return cpu_name()
+    flags = fields.get("flags", "").split()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
+    return f"{cpu_name()}, CPU family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {vector}"
+
+
 SHAPES = [(1, 64, 64), (64, 256, 256), (256, 1024, 1024), (512, 3072, 768)]
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="two shapes, short timings")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="threads to time on")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     shapes = SHAPES[:2] if args.quick else SHAPES
     rounds, min_run_time = (1, 0.05) if args.quick else (5, 0.2)
     threads = torch.get_num_threads()
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}, {threads} threads; forward under no_grad, float32, "
+    print(f"CPU: {cpu_line()}; torch {torch.__version__}, {threads} threads; forward under no_grad, float32, "
           f"median us of {rounds} interleaved rounds")
-    print(f"{'N x in x out':>16s} {'A: 08 op':>10s} {'B: 06 state':>12s} {'C: 06 cache':>12s} {'D: no state':>12s}"
-          f" {'A-B':>7s} {'B-C pack':>9s} {'D-B':>7s}")
+    print(f"{'N x in x out':>16s} {'A: 08 op':>9s} {'A0: below':>10s} {'B: 06 state':>12s} {'C: 06 cache':>12s}"
+          f" {'D: no state':>12s} {'A-B':>7s} {'A0-B':>7s} {'B-C pack':>9s} {'D-B':>7s}")
     for n, n_in, n_out in shapes:
         x, w, b = torch.randn(n, n_in), torch.randn(n_out, n_in), torch.randn(n_out)
         state = stage06.LinearState(n_in, n_out)
         env = {"torch": torch, "x": x, "w": w, "b": b, "state": state, "c06": stage06}
         statements = {
-            "A": "torch.ops.eml.linear(x, w, b)",
+            "A": "torch.ops.eml.linear.default(x, w, b)",
+            "A0": "with torch._C._AutoDispatchBelowAutograd(): torch.ops.eml.linear.default(x, w, b)",
             "B": "c06.forward(x, w, b, state, False)",
             "C": "c06.forward(x, w, b, state, True)",
             "D": "c06.forward(x, w, b, None, False)",
@@ -61,8 +81,9 @@ def main():
                 for k, timer in timers.items():
                     times[k] += [t * 1e6 for t in timer.blocked_autorange(min_run_time=min_run_time).times]
         us = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{f'{n}x{n_in}x{n_out}':>16s} {us['A']:10.1f} {us['B']:12.1f} {us['C']:12.1f} {us['D']:12.1f}"
-              f" {us['A'] - us['B']:7.1f} {us['B'] - us['C']:9.1f} {us['D'] - us['B']:7.1f}")
+        print(f"{f'{n}x{n_in}x{n_out}':>16s} {us['A']:9.1f} {us['A0']:10.1f} {us['B']:12.1f} {us['C']:12.1f}"
+              f" {us['D']:12.1f} {us['A'] - us['B']:7.1f} {us['A0'] - us['B']:7.1f} {us['B'] - us['C']:9.1f}"
+              f" {us['D'] - us['B']:7.1f}")
 
 
 if __name__ == "__main__":
