@@ -22,14 +22,17 @@ Three measurements, each saying what it counts:
      backward, SGD step), above what was allocated before them. Includes temporaries, such as
      the convolution the fused backward recomputes.
   3. process peak RSS: the operating system's high-water mark (getrusage ru_maxrss) of a fresh
-     process running the same steps, minus its resident size just before them. Includes
-     everything, allocator caching and page granularity too; the coarsest of the three.
+     process running the same steps (after a warm-up step on a batch of 2), minus its resident
+     size just before them; the median of 3 processes. Includes everything, glibc's heap
+     keeping freed memory and per-thread malloc arenas too: the coarsest and noisiest of the
+     three (the script prints every run).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -118,14 +121,18 @@ def allocator_peak(net, input, target, steps):
 
 def rss_bytes():
     """Resident size of this process now (Linux: /proc/self/statm, in pages)."""
-    import os
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def child(kind, batch, steps, channels):
-    """Run in a fresh process: peak RSS of the steps above the resident size before them."""
+    """Run in a fresh process: peak RSS of the steps above the resident size before them.
+
+    One warm-up step on a batch of 2 first loads what torch initializes lazily on a first
+    training step (thread pools, oneDNN, the autograd engine), which would otherwise dwarf the
+    tensors' memory; its own peak is far below the real batch's."""
     net, (input, target) = make_net(kind, channels), make_data(batch)
+    train(net, *make_data(2), 1)
     before = rss_bytes()
     train(net, input, target, steps)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
@@ -133,6 +140,7 @@ def child(kind, batch, steps, channels):
 
 
 def rss_peak(kind, batch, steps, channels):
+    """child()'s figure, from a fresh process."""
     code = f"from eml.autograd_recipes.memory import child; child({kind!r}, {batch}, {steps}, {tuple(channels)!r})"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])["rss_peak_increase"]
@@ -151,7 +159,7 @@ def cpu_line():
     return f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
-def measure(batch=128, steps=3, channels=(32, 64), rss=True):
+def measure(batch=128, steps=3, channels=(32, 64), rss=3):
     """{kind: {figure: bytes}} for the three versions of the net."""
     input, target = make_data(batch)
     results = {}
@@ -160,8 +168,9 @@ def measure(batch=128, steps=3, channels=(32, 64), rss=True):
         net = make_net(kind, channels)
         train(net, input, target, 1)  # warm-up: first-call allocations stay out of the peak
         figures["allocator_peak"] = allocator_peak(net, input, target, steps)
-        if rss:
-            figures["rss_peak_increase"] = rss_peak(kind, batch, steps, channels)
+        if rss:  # noisy (threads allocate from their own malloc arenas): the median of `rss` processes
+            figures["rss_runs"] = sorted(rss_peak(kind, batch, steps, channels) for _ in range(rss))
+            figures["rss_peak_increase"] = figures["rss_runs"][len(figures["rss_runs"]) // 2]
         results[kind] = figures
     return results
 
@@ -175,21 +184,25 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="a small net and batch, no subprocesses")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rss-runs", type=int, default=3, help="fresh processes per kind for the RSS figure (median)")
     args = parser.parse_args(argv)
     batch, channels = (8, (4, 8)) if args.quick else (args.batch, (32, 64))
-    results = measure(batch, args.steps, channels, rss=not args.quick)
+    results = measure(batch, args.steps, channels, rss=0 if args.quick else args.rss_runs)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU: {cpu_line()}")
     print(f"net: conv{channels[0]}+BN+ReLU, conv{channels[1]}+BN+ReLU, maxpool, linear 128, linear 10; "
           f"batch {batch} x 1x28x28 float32, {args.steps} SGD steps")
     rows = [("saved for backward: activations", "activations"), ("saved for backward: parameters", "parameters"),
             ("torch allocator peak, training steps", "allocator_peak")]
     if not args.quick:
-        rows.append(("process peak RSS increase, steps", "rss_peak_increase"))
+        rows.append((f"process peak RSS increase, median of {args.rss_runs}", "rss_peak_increase"))
     print(f"{'':38}" + "".join(f"{kind:>14}" for kind in KINDS) + "   fused/torch")
     for label, key in rows:
         values = [results[kind][key] for kind in KINDS]
         print(f"{label:38}" + "".join(f"{mib(v):>14}" for v in values) + f"   {values[2] / values[0]:10.2f}")
     print(f"{'tensors saved for backward (count)':38}" + "".join(f"{results[kind]['tensors']:>14}" for kind in KINDS))
+    if not args.quick:
+        print("RSS runs (MiB): " + "; ".join(f"{kind} " + " ".join(f"{v / 2**20:.0f}" for v in results[kind]["rss_runs"])
+                                             for kind in KINDS))
     return results
 
 
