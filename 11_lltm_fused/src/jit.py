@@ -14,4 +14,4 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lltm.cpp")
 
 def build(verbose=False):
     """Compile (or reuse) the JIT build of lltm.cpp and return the imported module."""
-    return load(name="lltm_fused_jit", sources=[SOURCE], extra_cflags=["-O3", "-fopenmp"], verbose=verbose)
+    return load(name="lltm_fused_jit", sources=[SOURCE], extra_cflags=["-O3", "-fopenmp", "-fno-trapping-math"], verbose=verbose)
