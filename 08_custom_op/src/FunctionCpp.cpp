@@ -56,7 +56,7 @@
 //
 // Only the forward's A is not where it should be: the kernel wants W (out x in) column-major,
 // memory holds W^T. LIBXSMM 1.17 has no TRANS_A (it returns NULL for it), so W is transposed
-// once into panels, the packed weight, and reused while W is unchanged (the pack cache, linear_state.h).
+// into panels, the packed weight, on every call in this stage (06 reused it while W was unchanged).
 // grad_weight's TRANS_B is supported: the kernel reads gy^T straight from gy. Its reduction runs
 // over the batch N (the kernel's k), so no two threads ever add into the same tile.
 //

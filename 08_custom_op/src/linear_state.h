@@ -1,7 +1,7 @@
 // Stage 08, file 3 of 5: the state and its caches. Everything prepared once and reused on every
 // call: the JIT kernels, one plan (a BlockedGemm) per product and batch size, and the weight
 // packed for the forward, with the key that says when the pack is stale.
-// What changed since stage 06: nothing in this file but the names. Who owns a LinearState did:
+// What changed since stage 06: nothing in this file but names and comments. Who owns a LinearState did:
 // in 06 a pybind11 object made by each Layer; here a process-wide table of states keyed by
 // (in_features, out_features) (FunctionCpp.cpp, section 4), since a registered operator takes
 // only tensors and scalars. 08 packs the weight on every call (packed_weight(..., i_cache=false)):
@@ -38,8 +38,8 @@ constexpr size_t kMaxPlans = 256;
 
 inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)
 
-// Everything a layer prepares once. Made by the Python Layer in its constructor, owned by the
-// Python object (pybind11), passed to every forward and backward, freed with the layer.
+// Everything prepared once. In 08: one per (in, out) pair, made by state_for (FunctionCpp.cpp)
+// at the first call with those sizes and kept for the process (in 06: one per layer, pybind11's).
 //
 //   kernel table  every kernel this layer asked LIBXSMM for, by KernelShape, per dtype. The
 //                 constructor fills in what does not depend on the batch size N (below); the

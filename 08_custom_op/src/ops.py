@@ -109,14 +109,15 @@ def _linear_grad_bias_fake(grad_output):
 # that have a backward of their own, gradients of gradients work too (06 refused them).
 def _linear_setup_context(ctx, inputs, output):
     input, weight, _ = inputs
-    needs_input, needs_weight, _ = ctx.needs_input_grad
+    # needs_input_grad: one flag per op argument (register_autograd may append one of its own).
+    needs_input, needs_weight = ctx.needs_input_grad[:2]
     # Save only what the requested gradients need: grad_input needs W, grad_weight needs x.
     ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
 
 
 def _linear_backward(ctx, grad_output):
     input, weight = ctx.saved_tensors
-    return tuple(backward(grad_output, input, weight, *ctx.needs_input_grad))
+    return tuple(backward(grad_output, input, weight, *ctx.needs_input_grad[:3]))
 
 
 def _save_inputs(ctx, inputs, output):
@@ -126,7 +127,7 @@ def _save_inputs(ctx, inputs, output):
 # grad_input = gy W: d/d gy (g) = g W^T = linear(g, W);  d/dW (g) = gy^T g = grad_weight(gy, g).
 def _linear_grad_input_backward(ctx, grad):
     grad_output, weight = ctx.saved_tensors
-    need_gy, need_w = ctx.needs_input_grad
+    need_gy, need_w = ctx.needs_input_grad[:2]
     return (ops.linear(grad, weight, None) if need_gy else None,
             ops.linear_grad_weight(grad_output, grad) if need_w else None)
 
@@ -134,7 +135,7 @@ def _linear_grad_input_backward(ctx, grad):
 # grad_weight = gy^T x: d/d gy (G) = x G^T = linear(x, G);  d/dx (G) = gy G = grad_input(gy, G).
 def _linear_grad_weight_backward(ctx, grad):
     grad_output, input = ctx.saved_tensors
-    need_gy, need_x = ctx.needs_input_grad
+    need_gy, need_x = ctx.needs_input_grad[:2]
     return (ops.linear(input, grad, None) if need_gy else None,
             ops.linear_grad_input(grad_output, grad) if need_x else None)
 
