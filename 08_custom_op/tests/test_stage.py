@@ -362,6 +362,22 @@ def test_06_vs_08_vmap(stage06):
     torch.func.vmap(op_checks.mlp(Layer))(xs)
 
 
+def test_06_vs_08_func_grad(stage06):
+    """Both refused: 06's autograd.Function and torch 2.13's register_autograd lack setup_context."""
+    w, x = torch.randn(3, 7), torch.randn(5, 7)
+    expect_error(lambda: torch.func.grad(lambda w: stage06.Function.apply(x, w).sum())(w), r"setup_context")
+    expect_error(lambda: torch.func.grad(lambda w: ops.linear(x, w, None).sum())(w), r"setup_context")
+
+
+def test_06_vs_08_double_backward(stage06):
+    """06's backward is once_differentiable; 08's backward ops have backwards of their own."""
+    x, w, b = (t.requires_grad_() for t in (torch.randn(3, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64),
+                                             torch.randn(4, dtype=torch.float64)))
+    (gx,) = torch.autograd.grad(stage06.Function.apply(x, w, b).pow(2).sum(), x, create_graph=True)
+    expect_error(lambda: gx.sum().backward(), r"(once_differentiable|differentiate twice)")
+    assert torch.autograd.gradgradcheck(ops.linear, (x, w, b))
+
+
 def test_06_vs_08_autocast(stage06):
     """06 is unknown to autocast: float32 in, float32 out; 08 computes in bfloat16 as nn.Linear."""
     x = torch.randn(4, 16)
