@@ -115,6 +115,14 @@ def test_compiled_mlp_matches_eager_nn_linear():
     op_checks.assert_compiled_matches(op_checks.mlp(Layer), op_checks.mlp(torch.nn.Linear), batch_sizes=[2, 7, 33])
 
 
+def test_bad_input_is_refused_while_tracing():
+    """Under torch.compile the C++ kernel never sees the fake tensors: the fake kernel's checks
+    give the same message at trace time."""
+    torch._dynamo.reset()
+    compiled = torch.compile(Layer(8, 3), backend="eager", fullgraph=True)
+    expect_error(lambda: compiled(torch.randn(4, 7)), r"linear_op: ", r"input features", r"\b7\b", r"\b8\b")
+
+
 # -- torch.export: a dynamic batch dimension, then new batch sizes -------------------------------
 def test_export_with_a_dynamic_batch():
     model = op_checks.mlp(Layer)
