@@ -3,8 +3,9 @@ the course's `python setup.py install` and `pip install --no-build-isolation .`.
 
 Each route installs a copy of a stage into a temporary prefix (not into .venv, which `make`
 owns); a fresh interpreter then imports the stage from there, runs it, and finds its tour
-entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones, and stage 06
-for the one that links a third-party library (LIBXSMM).
+entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones, stage 06
+for the one that links a third-party library (LIBXSMM), and stage 13 for the one whose build
+makes a plain C shared library beside the package.
 """
 
 import os
@@ -22,8 +23,10 @@ RUN = {
     "02_python_function": "import torch; assert module.Layer(5, 3)(torch.randn(2, 5)).shape == (2, 3)",
     "03_hello_cpp": "module.hello()",
     "06_tpp": "import torch; assert module.Layer(5, 3)(torch.randn(2, 5)).shape == (2, 3)",
+    "13_c_ffi": "import torch; x = torch.randn(3); assert torch.equal(module.AddModule()(x, 4 * x), 5 * x)",
 }
-MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp": "eml.hello_cpp", "06_tpp": "eml.linear_tpp"}
+MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp": "eml.hello_cpp", "06_tpp": "eml.linear_tpp",
+           "13_c_ffi": "eml.c_ffi"}
 
 CHECK = """
 import sys, importlib, importlib.metadata
