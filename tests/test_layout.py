@@ -24,6 +24,17 @@ LESSONS = {
     "04_cpp_aten": ("02_python_function", {"src/FunctionCpp.cpp"}, set()),
     "05_cpp_naive": ("04_cpp_aten", set(), set()),
     "06_tpp": ("05_cpp_naive", {"src/FunctionCpp.h", "src/bindings.cpp", "src/blocked_gemm.h", "src/kernel.h", "src/linear_state.h"}, set()),
+    "07_tpp_bf16": ("06_tpp", {"src/tools.cpp", "src/vnni_gemm.h"}, set()),
+    "08_custom_op": ("06_tpp", {"bench_state.py", "src/ops.py"}, set()),
+    # The second example, the LLTM cell, starts again from Python.
+    "09_lltm_python": (None, set(), set()),
+    "10_lltm_cpp": ("09_lltm_python", {"src/jit.py", "src/lltm.cpp"}, set()),
+    "11_lltm_fused": ("10_lltm_cpp", set(), set()),
+    "12_lltm_cuda": ("11_lltm_fused", {"benchmark.py", "compile_check.sh", "gpu_run.sh", "src/lltm_cuda.cpp", "src/lltm_cuda_kernel.cu"}, {"src/lltm.cpp"}),
+    # The other ways to extend PyTorch, each a topic of its own.
+    "13_c_ffi": (None, set(), set()),
+    "14_autograd_recipes": (None, set(), set()),
+    "15_tensor_subclasses": (None, set(), set()),
 }
 
 # Every stage folder holds at least these.
