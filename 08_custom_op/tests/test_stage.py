@@ -208,6 +208,13 @@ def test_autocast_like_nn_linear():
         torch.testing.assert_close(got / scale, want / scale, rtol=0, atol=3e-2, msg=lambda m: f"grad_{name}: {m}")
 
 
+def test_autocast_to_float16_still_computes_in_bfloat16():
+    """The one difference from nn.Linear: no float16 kernel here, so the rule casts to bfloat16."""
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert Layer(5, 3)(torch.randn(2, 5)).dtype == torch.bfloat16
+        assert torch.nn.Linear(5, 3)(torch.randn(2, 5)).dtype == torch.float16
+
+
 def test_no_autocast_outside_the_region():
     layer = Layer(5, 3)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
