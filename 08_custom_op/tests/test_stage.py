@@ -150,6 +150,16 @@ def test_vmap_batched_input_one_weight():
     xs_t = torch.randn(7, 6)
     got = torch.func.vmap(layer, in_dims=1)(xs_t)
     assert_close(got, F.linear(xs_t.t(), layer.weight, layer.bias), torch.float32, "vmap, in_dims=1")
+    # autograd through the vmapped forward: the gradients of nn.Linear on the unbatched view
+    xs = xs.requires_grad_()
+    torch.func.vmap(layer)(xs).pow(2).sum().backward()
+    reference = torch.nn.Linear(7, 5)
+    reference.load_state_dict(layer.state_dict())
+    x_ref = xs.detach().requires_grad_()
+    reference(x_ref).pow(2).sum().backward()
+    for name, got, want in [("input", xs.grad, x_ref.grad), ("weight", layer.weight.grad, reference.weight.grad),
+                            ("bias", layer.bias.grad, reference.bias.grad)]:
+        assert_close(got, want, torch.float32, f"grad_{name} through vmap")
 
 
 @pytest.mark.parametrize("shared_input", [True, False], ids=["one-input", "input-per-member"])
