@@ -370,7 +370,8 @@ def compare_with_torch(fused=True, shape=(3, 2, 7, 6), out_channels=4, kernel_si
 
 
 def tour_check():
-    """(ok, line): the fused module against torch's two modules, and gradcheck on the three Functions."""
+    """(ok, line): the fused module against torch's two modules, and gradcheck on the three Functions
+    (fast mode, random projections of the Jacobian, to keep the tour quick; the tests run the full one)."""
     with one_thread():
         return _tour_check()
 
@@ -384,9 +385,9 @@ def _tour_check():
 
     x, W, w, b, y = leaf(2, 2, 5, 4), leaf(3, 2, 3, 2), leaf(3), leaf(3), leaf(2, 3, 3, 3)
     verdicts = {
-        "conv": torch.autograd.gradcheck(lambda x, W: Conv2dFunction.apply(x, W, 1), (x, W), raise_exception=False),
-        "bn": torch.autograd.gradcheck(lambda y, w, b: BatchNormFunction.apply(y, w, b), (y, w, b), raise_exception=False),
-        "fused": torch.autograd.gradcheck(lambda x, W, w, b: FusedConvBNFunction.apply(x, W, w, b, 1), (x, W, w, b), raise_exception=False),
+        "conv": torch.autograd.gradcheck(lambda x, W: Conv2dFunction.apply(x, W, 1), (x, W), raise_exception=False, fast_mode=True),
+        "bn": torch.autograd.gradcheck(lambda y, w, b: BatchNormFunction.apply(y, w, b), (y, w, b), raise_exception=False, fast_mode=True),
+        "fused": torch.autograd.gradcheck(lambda x, W, w, b: FusedConvBNFunction.apply(x, W, w, b, 1), (x, W, w, b), raise_exception=False, fast_mode=True),
     }
     worst = max(errors.values())
     ok = all(verdicts.values()) and worst < 1e-10

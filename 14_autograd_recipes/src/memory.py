@@ -21,8 +21,8 @@ Three measurements, each saying what it counts:
      and free torch makes; the running sum's maximum over a few training steps (forward,
      backward, SGD step), above what was allocated before them. Includes temporaries, such as
      the convolution the fused backward recomputes.
-  3. process peak RSS: the operating system's high-water mark (getrusage ru_maxrss) of a fresh
-     process running the same steps (after a warm-up step on a batch of 2), minus its resident
+  3. process peak RSS: the operating system's high-water mark (VmHWM, reset just before the
+     steps) of a fresh process running the same steps (after a warm-up step on a batch of 2), minus its resident
      size just before them; the median of 3 processes. Includes everything, glibc's heap
      keeping freed memory and per-thread malloc arenas too: the coarsest and noisiest of the
      three (the script prints every run).
@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 
@@ -125,18 +124,30 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def peak_rss_bytes():
+    """The process's peak resident size (Linux: VmHWM in /proc/self/status, in kB)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmHWM in /proc/self/status")
+
+
 def child(kind, batch, steps, channels):
     """Run in a fresh process: peak RSS of the steps above the resident size before them.
 
     One warm-up step on a batch of 2 first loads what torch initializes lazily on a first
     training step (thread pools, oneDNN, the autograd engine), which would otherwise dwarf the
-    tensors' memory; its own peak is far below the real batch's."""
+    tensors' memory. Then the peak is reset (writing 5 to /proc/self/clear_refs, Linux >= 4.0)
+    so it covers the steps only. Not getrusage's ru_maxrss: that one survives fork and exec, so
+    a child of a big process starts with its parent's peak (measured: 871 MiB before any step)."""
     net, (input, target) = make_net(kind, channels), make_data(batch)
     train(net, *make_data(2), 1)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
     before = rss_bytes()
     train(net, input, target, steps)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    print(json.dumps({"rss_peak_increase": peak - before}))
+    print(json.dumps({"rss_peak_increase": peak_rss_bytes() - before}))
 
 
 def rss_peak(kind, batch, steps, channels):
