@@ -6,6 +6,10 @@
 - Conv2dFunction, BatchNormFunction, FusedConvBNFunction, FusedConvBN: convolution + batch norm
   fused into one Function that saves less for backward; ``python -m eml.autograd_recipes.memory``
   measures how much less.
+
+What changed since stage 02 (the Function contract): setup_context and set_materialize_grads,
+create_graph and gradgradcheck, once_differentiable, saved-tensor hooks, recomputation traded
+for memory. Pure Python: ``pip install --no-build-isolation .`` here, then ``pytest tests``.
 """
 
 from .conv_bn import BatchNormFunction, Conv2dFunction, FusedConvBN, FusedConvBNFunction
