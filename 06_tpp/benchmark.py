@@ -1,14 +1,14 @@
 """Stage 06's training step against the peak probe, product by product (README: "The training step").
 
-    python 06_tpp/benchmark_training.py            # the large shapes below, 3 rounds
-    python 06_tpp/benchmark_training.py --quick    # one shape, short
+    python 06_tpp/benchmark.py            # the large shapes below, 3 rounds
+    python 06_tpp/benchmark.py --quick    # one shape, short
 
 For each shape N x in x out: the forward alone (inference, packed weight cached), the
 training step (forward + backward of input, weight and bias, the weight packed afresh, as
 eml.common.timing times it), and each backward product alone (grad_input, grad_weight), as
 GFLOP/s and as a share of the peak probe. Medians of interleaved rounds, all threads.
 
-    python 06_tpp/benchmark_training.py --cpu-time # one thread, timed in CPU seconds
+    python 06_tpp/benchmark.py --cpu-time # one thread, timed in CPU seconds
 
 On a machine busy with other work, wall-clock timings measure the other work. --cpu-time runs
 one thread and counts the CPU time this process got (time.process_time), for the peak probe

@@ -1,7 +1,7 @@
 """Stage 07 in bfloat16 against torch.nn.Linear in bfloat16 and in float32, on one thread in CPU time.
 
-    python 07_tpp_bf16/benchmark_bf16.py            # the tour's shapes
-    python 07_tpp_bf16/benchmark_bf16.py --quick    # the first shape
+    python 07_tpp_bf16/benchmark.py            # the tour's shapes
+    python 07_tpp_bf16/benchmark.py --quick    # the first shape
 
 The tour's bfloat16 section (python -m eml.common.tour) times the same layers on all threads
 by the wall clock. On a machine busy with other work, the wall clock measures the other work
