@@ -51,14 +51,18 @@
 //
 //   product      row-major (PyTorch)   column-major (LIBXSMM)      A                  B
 //   forward      y  = x W^T            y^T  = W   . x^T            W, packed (below)  x as stored
-//   grad_input   gx = gy W             gx^T = W^T . gy^T           W as stored        gy as stored
-//   grad_weight  gw = gy^T x           gw^T = x^T . gy             x as stored        gy, TRANS_B
+//   grad_input   gx = gy W             gx^T = W^T . gy^T           W^T, packed        gy as stored
+//   grad_weight  gw = gy^T x           gw^T = x^T . gy             x^T, packed        gy, transposed once
 //
-// Only the forward's A is not where it should be: the kernel wants W (out x in) column-major,
+// The forward's A is not where it should be: the kernel wants W (out x in) column-major,
 // memory holds W^T. LIBXSMM 1.17 has no TRANS_A (it returns NULL for it), so W is transposed
 // into panels, the packed weight, on every call in this stage (06 reused it while W was unchanged).
-// grad_weight's TRANS_B is supported: the kernel reads gy^T straight from gy. Its reduction runs
-// over the batch N (the kernel's k), so no two threads ever add into the same tile.
+// The backward's A operands (W^T, x^T) could be read where they lie, but their columns would be
+// `in` floats apart, a multiple of 4 KB: each k step's columns would fight over a few L1 sets.
+// So they are copied into contiguous panels too (pack_column_panels, one memcpy per row), and
+// grad_weight's gy is transposed once instead of read with TRANS_B (06's README: the training step).
+// grad_weight's reduction runs over the batch N (the kernel's k), so no two threads ever add
+// into the same tile.
 //
 // ---- The loop nest (BlockedGemm::run) --------------------------------------------------
 //
@@ -232,26 +236,70 @@ void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, const at::Te
       });
 }
 
-// gx (N, in) = gy (N, out) W (out, in): gx^T = W^T . gy^T, both operands as stored.
+// The backward's A operands, packed like the forward's W (see "The training step" in the
+// README): column block mb (columns mb*bm ..) of a row-major (rows x cols) matrix, copied into
+// panel mb, (rows x bm) contiguous: the column-major (bm x rows) A operand with lda = bm. Read
+// in place instead, A's columns lie `cols` elements apart, a multiple of 4 KB for the usual
+// sizes: every column of a k step falls into the same few L1 sets, and they evict each other.
+template <typename T>
+at::Tensor pack_column_panels(const T* i_src, idx i_rows, idx i_cols, idx i_bm) {
+  const idx l_panels = (i_cols + i_bm - 1) / i_bm;
+  at::Tensor l_packed = at::empty({l_panels * i_bm * i_rows}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+  T* l_p = l_packed.mutable_data_ptr<T>();
+  at::parallel_for(/*begin=*/0, /*end=*/i_rows, /*grain_size=*/64, [&](idx i_first, idx i_last) {
+    for (idx l_mb = 0; l_mb < l_panels; l_mb++) {
+      // the tail panel's rows hold fewer than bm values; the rest stays unwritten, never read
+      const idx l_width = std::min(i_bm, i_cols - l_mb * i_bm);
+      for (idx l_r = i_first; l_r < i_last; l_r++) {
+        std::memcpy(l_p + l_mb * i_bm * i_rows + l_r * i_bm, i_src + l_r * i_cols + l_mb * i_bm, l_width * sizeof(T));
+      }
+    }
+  });
+  return l_packed;
+}
+
+// Row-major (rows x cols) -> row-major (cols x rows), by libxsmm_otrans on blocks of rows.
+template <typename T>
+at::Tensor transposed(const T* i_src, idx i_rows, idx i_cols) {
+  at::Tensor l_out = at::empty({i_rows * i_cols}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+  T* l_o = l_out.mutable_data_ptr<T>();
+  at::parallel_for(/*begin=*/0, /*end=*/i_rows, /*grain_size=*/64, [&](idx i_first, idx i_last) {
+    // rows first.. are the column-major (cols x count) matrix at that row, ld cols; its
+    // transpose (count x cols, ld rows) starts at column `first` of the output
+    libxsmm_otrans(l_o + i_first, i_src + i_first * i_cols, sizeof(T), /*m=*/i_cols, /*n=*/i_last - i_first,
+                   /*ldi=*/i_cols, /*ldo=*/i_rows);
+  });
+  return l_out;
+}
+
+// gx (N, in) = gy (N, out) W (out, in): gx^T = W^T . gy^T; W^T packed into panels, gy as stored.
 template <typename T>
 void grad_input_tpp(LinearState& io_state, const T* i_gy, const T* i_w, T* o_gx, idx N, idx i_in, idx i_out) {
   const auto l_plan = io_state.plan<T>(kGradInput, N);
   const BlockedGemm<T>& l_gemm = *l_plan;
   const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
-  l_gemm.run([&](idx mb, idx kb) { return i_w + kb * bk * i_in + mb * bm; },   // W^T: column o is row o of W
-             [&](idx kb, idx nb) { return i_gy + nb * bn * i_out + kb * bk; },  // gy^T: column n is row n of gy
+  if (N == 0 || i_in == 0) return;
+  const at::Tensor l_panels = pack_column_panels(i_w, /*rows=*/i_out, /*cols=*/i_in, bm);  // W^T, (in x out) in panels
+  const T* l_a = l_panels.const_data_ptr<T>();
+  l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * i_out + kb * bk * bm; },  // panel mb, k step kb
+             [&](idx kb, idx nb) { return i_gy + nb * bn * i_out + kb * bk; },     // gy^T: column n is row n of gy
              [&](idx mb, idx nb) { return o_gx + nb * bn * i_in + mb * bm; },
              [](idx, idx) { return false; });
 }
 
-// gw (out, in) = gy^T (out, N) x (N, in): gw^T = x^T . gy, gy read transposed (TRANS_B).
+// gw (out, in) = gy^T (out, N) x (N, in): gw^T = x^T . gy; x^T packed into panels, gy transposed once.
 template <typename T>
 void grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw, idx N, idx i_in, idx i_out) {
   const auto l_plan = io_state.plan<T>(kGradWeight, N);
   const BlockedGemm<T>& l_gemm = *l_plan;
   const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
-  l_gemm.run([&](idx mb, idx kb) { return i_x + kb * bk * i_in + mb * bm; },     // x^T: column n is row n of x
-             [&](idx kb, idx nb) { return i_gy + kb * bk * i_out + nb * bn; },  // gy, stored as gy^T (out x N)
+  if (i_in == 0 || i_out == 0) return;
+  const at::Tensor l_panels = pack_column_panels(i_x, /*rows=*/N, /*cols=*/i_in, bm);  // x^T, (in x N) in panels
+  const at::Tensor l_gyt = transposed(i_gy, /*rows=*/N, /*cols=*/i_out);                // gy^T (out x N): gy column-major
+  const T* l_a = l_panels.const_data_ptr<T>();
+  const T* l_b = l_gyt.const_data_ptr<T>();
+  l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * N + kb * bk * bm; },  // panel mb, k step kb
+             [&](idx kb, idx nb) { return l_b + nb * bn * N + kb * bk; },       // column o of gy: row o of gy^T
              [&](idx mb, idx nb) { return o_gw + nb * bn * i_in + mb * bm; },
              [](idx, idx) { return false; });
 }

@@ -132,18 +132,24 @@ class LinearState {
                                                   /*ldc=*/m_out, /*flags=*/0, /*may_prefill=*/true, l_kernel);
         break;
       }
-      case kGradInput:
-        // gx^T (in x N) = W^T (in x out) . gy^T (out x N). A: W, ld in; B: gy, ld out; C: gx, ld in.
-        l_plan = std::make_shared<BlockedGemm<T>>(m_in, N, m_out, l_b, l_n_outer, /*lda=*/m_in, /*ldb=*/m_out,
+      case kGradInput: {
+        // gx^T (in x N) = W^T (in x out) . gy^T (out x N). A: W^T packed into panels of bm rows
+        // (column blocks of W), ld the panel height; B: gy, ld out; C: gx, ld in.
+        const idx l_panel = std::clamp<idx>(l_b.bm, 1, std::max<idx>(1, m_in));
+        l_plan = std::make_shared<BlockedGemm<T>>(m_in, N, m_out, l_b, l_n_outer, /*lda=*/l_panel, /*ldb=*/m_out,
                                                   /*ldc=*/m_in, /*flags=*/0, /*may_prefill=*/false, l_kernel);
         break;
-      case kGradWeight:
-        // gw^T (in x out) = x^T (in x N) . gy (N x out). A: x, ld in; B: gy^T as stored (out x N,
-        // ld out), read transposed by TRANS_B; C: gw, ld in. The batch N is the reduction.
-        l_plan = std::make_shared<BlockedGemm<T>>(m_in, m_out, N, l_b, l_n_outer, /*lda=*/m_in, /*ldb=*/m_out,
-                                                  /*ldc=*/m_in, LIBXSMM_GEMM_FLAG_TRANS_B, /*may_prefill=*/false,
-                                                  l_kernel);
+      }
+      case kGradWeight: {
+        // gw^T (in x out) = x^T (in x N) . gy (N x out). A: x^T packed into panels of bm rows
+        // (column blocks of x), ld the panel height; B: gy transposed once into gy^T (out x N),
+        // which is gy column-major, ld N; C: gw, ld in. The batch N is the reduction.
+        const idx l_panel = std::clamp<idx>(l_b.bm, 1, std::max<idx>(1, m_in));
+        l_plan = std::make_shared<BlockedGemm<T>>(m_in, m_out, N, l_b, l_n_outer, /*lda=*/l_panel,
+                                                  /*ldb=*/std::max<idx>(1, N), /*ldc=*/m_in, /*flags=*/0,
+                                                  /*may_prefill=*/false, l_kernel);
         break;
+      }
     }
     l_plans.emplace(l_key, l_plan);
     return l_plan;
