@@ -1,8 +1,10 @@
 """Stage 11's tests: the recurrent-cell contract (common/) for the module and the Function (one
 answer on 1 and 2 threads included), the compiled module called directly (its three forward
-results, d_X cut right when F != S, the GEMMs skipped when not asked for), what the Function
-saves for the backward, one OpenMP runtime in the process, and both build routes."""
+results, d_X cut right when F != S, the GEMMs skipped when not asked for), the SSE2 and AVX2
+copies of the fused passes against each other, what the Function saves for the backward, one
+OpenMP runtime in the process, and both build routes."""
 
+import pytest
 import torch
 
 from eml.common.lltm_checks import CellTests, Shape, make_arguments, reference_lltm
@@ -47,6 +49,36 @@ def test_backward_skips_the_gemms_nobody_asked_for():
     new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
     results = _C.backward(new_h, new_cell, new_cell, gates, input, old_h, weights, False, False)
     assert [r is None for r in results] == [True, True, True, False, False]
+
+
+def forward_and_backward(arguments):
+    """new_h, new_cell and the five gradients of the cell at these arguments, from _C directly."""
+    new_h, new_cell, gates = _C.forward(*arguments)
+    input, weights, bias, old_h, old_cell = arguments
+    grad_h, grad_cell = torch.cos(new_h), torch.sin(new_cell)  # not all ones: every term counts
+    return [new_h, new_cell, *_C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, True, True)]
+
+
+@pytest.mark.parametrize("shape", [Shape(1, 3, 1), Shape(5, 7, 13), Shape(16, 32, 128), Shape(3, 9, 37)],
+                         ids=str)
+def test_the_sse2_and_avx2_copies_compute_the_same_cell(shape):
+    # S = 1, 13, 37: the 8-wide copy's remainder loop runs; 128: only full vectors.
+    if _C.simd_path() != "avx2+fma":
+        pytest.skip(f"this CPU runs the '{_C.simd_path()}' copy only: there is no second copy to compare")
+    arguments = make_arguments(shape, torch.float32)
+    try:
+        _C.set_simd_path("sse2")
+        portable = forward_and_backward(arguments)
+    finally:
+        _C.set_simd_path("avx2+fma")
+    for name, a, b in zip(["new_h", "new_cell", "d_old_h", "d_input", "d_weights", "d_bias", "d_old_cell"],
+                          portable, forward_and_backward(arguments)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_an_unknown_simd_path_is_refused_by_name():
+    with pytest.raises(RuntimeError, match="must be 'sse2' or 'avx2\\+fma', got 'avx512'"):
+        _C.set_simd_path("avx512")
 
 
 def saved_bytes(function, arguments):
