@@ -10,6 +10,7 @@
 //             d_weights = d_gates^T X, d_X = d_gates W, d_bias = sum of rows   (ATen)
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
+//   forward_pass(gates, old_cell) -> [new_h, new_cell]     (the fused pass alone, to time it)
 //   backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, need_d_X, need_d_weights)
 //     -> [d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell]
 //
@@ -160,7 +161,7 @@ static void backward_row(const scalar_t* __restrict__ g, const scalar_t* __restr
 
 // -O3 alone compiles for every x86-64 CPU: SSE2, 4 floats per instruction, no fused
 // multiply-add. The same loops compiled a second time for AVX2 + FMA (8 floats, a*b+c in one
-// instruction) run the float32 passes ~4x faster per element on Zen 3 (README: measured).
+// instruction) run the float32 passes ~3.7x faster per element on Zen 3 (README: measured).
 // `flatten` inlines the row function (and its exp) into each copy, so each copy's code is
 // generated for its own target; the CPU is asked once, at the first call, which copy to run.
 template <typename scalar_t>
@@ -236,18 +237,22 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
 
 // ---- 4. Forward: one GEMM, then the fused pass over the rows ----
 
-std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
-                                     const at::Tensor& old_h, const at::Tensor& old_cell) {
-  check_inputs(input, weights, bias, old_h, old_cell);
-  const int64_t batch = input.size(0), state = old_h.size(1);
-  // X lives only for the GEMM: the backward rebuilds it rather than keeping B x (S + F) alive.
-  const auto X = at::cat({old_h, input}, /*dim=*/1);
-  const auto gates = at::addmm(bias.reshape({1, -1}), X, weights.transpose(0, 1));  // (B, 3S), contiguous
+// The fused pass alone: gates (B, 3S) from the GEMM and old_cell (B, S) -> new_h, new_cell.
+// Bound as _C.forward_pass too, so that the notebook can time the pass without the GEMM.
+std::vector<at::Tensor> forward_pass(const at::Tensor& gates, const at::Tensor& old_cell) {
+  TORCH_CHECK(old_cell.dim() == 2 && gates.dim() == 2 && gates.is_contiguous() && gates.size(0) == old_cell.size(0) &&
+                  gates.size(1) == 3 * old_cell.size(1),
+              "lltm_fused: gates must be a contiguous (B, 3S) tensor for old_cell (B, S), got gates ", gates.sizes(),
+              " and old_cell ", old_cell.sizes());
+  TORCH_CHECK(gates.scalar_type() == old_cell.scalar_type() && gates.device().is_cpu() && old_cell.device().is_cpu(),
+              "lltm_fused: gates and old_cell must be CPU tensors of one dtype, got ", gates.scalar_type(), " on ",
+              gates.device(), " and ", old_cell.scalar_type(), " on ", old_cell.device());
+  const int64_t batch = old_cell.size(0), state = old_cell.size(1);
   const auto old_cell_c = old_cell.contiguous();  // a named local: its data_ptr stays valid
-  auto new_h = at::empty({batch, state}, input.options());
-  auto new_cell = at::empty({batch, state}, input.options());
+  auto new_h = at::empty({batch, state}, old_cell.options());
+  auto new_cell = at::empty({batch, state}, old_cell.options());
 
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "lltm_fused_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_fused_forward", [&] {
     const scalar_t* __restrict__ g_all = gates.data_ptr<scalar_t>();
     const scalar_t* __restrict__ c_all = old_cell_c.data_ptr<scalar_t>();
     scalar_t* __restrict__ h_out = new_h.data_ptr<scalar_t>();
@@ -256,7 +261,17 @@ std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& 
       run_forward_rows(g_all, c_all, h_out, c_out, state, begin, end);
     });
   });
-  return {new_h, new_cell, gates};
+  return {new_h, new_cell};
+}
+
+std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
+                                     const at::Tensor& old_h, const at::Tensor& old_cell) {
+  check_inputs(input, weights, bias, old_h, old_cell);
+  // X lives only for the GEMM: the backward rebuilds it rather than keeping B x (S + F) alive.
+  const auto X = at::cat({old_h, input}, /*dim=*/1);
+  const auto gates = at::addmm(bias.reshape({1, -1}), X, weights.transpose(0, 1));  // (B, 3S), contiguous
+  auto new_h_and_cell = forward_pass(gates, old_cell);
+  return {new_h_and_cell[0], new_h_and_cell[1], gates};
 }
 
 // ---- 5. Backward: the fused pass for d_gates, then the GEMMs ----
@@ -305,6 +320,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &lltm_forward, "LLTM forward (one GEMM, one fused element-wise pass)");
   m.def("backward", &lltm_backward, "LLTM backward (one fused element-wise pass, then the GEMMs)");
+  m.def("forward_pass", &forward_pass, "the forward's fused pass alone: (gates, old_cell) -> [new_h, new_cell]");
   m.def("simd_path", &simd_path, "which compiled copy runs the float32 passes: 'avx2+fma' or 'sse2'");
   m.def("set_simd_path", &set_simd_path, "choose the copy ('sse2' or 'avx2+fma'; tests compare the two)");
 }

@@ -28,6 +28,17 @@ def test_forward_returns_h_cell_and_the_gates():
     torch.testing.assert_close(new_cell, expected[1])
 
 
+def test_forward_pass_alone_is_the_forward_after_its_gemm():
+    arguments = make_arguments(Shape(5, 7, 13), torch.float32)
+    new_h, new_cell, gates = _C.forward(*arguments)
+    alone = _C.forward_pass(gates, arguments[4])
+    torch.testing.assert_close(alone[0], new_h, rtol=0, atol=0)
+    torch.testing.assert_close(alone[1], new_cell, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"gates must be a contiguous \(B, 3S\) tensor for old_cell \(B, S\), "
+                                           r"got gates \[5, 39\] and old_cell \[5, 12\]"):
+        _C.forward_pass(gates, torch.zeros(5, 12))
+
+
 def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
     # F = 9, S = 4: split(S) would give d_old_h 4 columns and d_input only 4 of its 9.
     arguments = make_arguments(Shape(3, 9, 4), torch.float64)
