@@ -30,21 +30,6 @@ import eml.linear_op  # noqa: F401  registers torch.ops.eml
 from eml.common.tour import cpu_name
 from eml.linear_tpp import _C as stage06
 
-def cpu_line():
-    """The CPU's name, family and model, and its widest vector extension, from /proc/cpuinfo."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return cpu_name()
-    flags = fields.get("flags", "").split()
-    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "SSE"
-    return f"{cpu_name()}, CPU family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, {vector}"
-
-
 SHAPES = [(1, 64, 64), (64, 256, 256), (256, 1024, 1024), (512, 3072, 768)]
 
 
@@ -57,7 +42,7 @@ def main():
     shapes = SHAPES[:2] if args.quick else SHAPES
     rounds, min_run_time = (1, 0.05) if args.quick else (5, 0.2)
     threads = torch.get_num_threads()
-    print(f"CPU: {cpu_line()}; torch {torch.__version__}, {threads} threads; forward under no_grad, float32, "
+    print(f"CPU: {cpu_name()}; torch {torch.__version__}, {threads} threads; forward under no_grad, float32, "
           f"median us of {rounds} interleaved rounds")
     print(f"{'N x in x out':>16s} {'A: 08 op':>9s} {'A0: below':>10s} {'B: 06 state':>12s} {'C: 06 cache':>12s}"
           f" {'D: no state':>12s} {'A-B':>7s} {'A0-B':>7s} {'B-C pack':>9s} {'D-B':>7s}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import math
-import platform
 import statistics
 import sys
 import time
@@ -27,25 +26,10 @@ import time
 import torch
 
 from eml.common import lltm_checks
+from eml.common.timing import cpu_name
 
 # (batch, features, state): the tutorial's size, and a wide input.
 SHAPES = [(16, 32, 128), (64, 1024, 128)]
-
-
-def cpu_name():
-    """The CPU's model name and family, as /proc/cpuinfo gives them."""
-    name, family = None, None
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and name is None:
-                    name = line.split(":", 1)[1].strip()
-                if line.startswith("cpu family") and family is None:
-                    family = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    name = name or platform.processor() or platform.machine()
-    return f"{name} (family {family})" if family else name
 
 
 def discover_cells(stages=None):

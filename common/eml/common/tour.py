@@ -30,7 +30,6 @@ import importlib
 import importlib.metadata
 import math
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ import time
 import torch
 
 from eml.common import checks, numpy_linear, timing
+from eml.common.timing import cpu_name  # kept here too: notebooks and scripts call tour.cpu_name()
 
 BASELINE = "torch.nn.Linear"
 
@@ -53,17 +53,6 @@ def discover_stages():
     """(name, registration dict) for every installed stage, in stage order."""
     points = importlib.metadata.entry_points(group="eml.tour")
     return [(point.name, point.load()) for point in sorted(points, key=lambda p: p.name)]
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def mkl_path():
