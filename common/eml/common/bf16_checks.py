@@ -1,6 +1,6 @@
 """bfloat16 and autocast checks shared by every stage that computes in bfloat16.
 
-bfloat16 keeps 8 bits of significand: one rounding costs up to 2^-9 of the value, so a bf16
+bfloat16 keeps 8 bits of significand: one rounding costs up to 2^-8 of the value, so a bf16
 layer cannot match a float64 reference to float32's tolerance. What it can be held to is the
 error of ``torch.nn.Linear`` itself in bfloat16 on the same inputs: against a float64 reference
 (computed from the very same bf16 values, so only the arithmetic differs), a stage's error on
@@ -35,7 +35,7 @@ NAMES = ["output", "grad_input", "grad_weight", "grad_bias"]
 
 # How far a stage's bf16 error may go beyond torch.nn.Linear's own bf16 error on the same inputs.
 FACTOR = 2.0
-# Plus this share of the largest |reference| value: half a bf16 rounding (2^-9).
+# Plus this share of the largest |reference| value: half the largest bf16 rounding (2^-9).
 FLOOR = 2.0**-9
 
 # The shared awkward shapes (common.checks.CASES: 1, 0-size batch, primes, 1-D input, extra
