@@ -12,7 +12,7 @@ and at the end (a launch returns before the GPU has done the work: without the
 synchronisation the clock measures the launch, not the kernel). The cells are the "cells" of
 every installed stage (09, 10, 11) and this stage's "cuda_cells"; each is first checked on the
 GPU against common/'s reference (outputs and the five gradients in float32, gradcheck in
-float64), and a cell that refuses CUDA tensors (stages 10 and 11 check for CPU tensors) or
+float64), and a cell that refuses CUDA tensors (stage 11's fused pass is CPU code) or
 fails the check is reported and left out of the timing. The first cell timed is stage 09's
 nn.Module: every "x" is a speed-up over it. Without a GPU it stops with one line.
 """

@@ -35,7 +35,10 @@ static void check_inputs(const at::Tensor& input, const at::Tensor& weights, con
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == input.scalar_type(),
                 "lltm_cpp: ", name, " is ", tensor->scalar_type(), " but input is ", input.scalar_type());
-    TORCH_CHECK(tensor->device().is_cpu(), "lltm_cpp: ", name, " must be a CPU tensor, got device ", tensor->device());
+    // ATen's ops run wherever the tensors are (CPU, CUDA, ...): this file is device-generic, as
+    // the tutorial's was, so it asks only that all five tensors be on one device.
+    TORCH_CHECK(tensor->device() == input.device(), "lltm_cpp: ", name, " is on device ", tensor->device(),
+                " but input is on ", input.device(), " (all five tensors must be on one device)");
   }
   TORCH_CHECK(input.dim() == 2, "lltm_cpp: input must be 2-D (batch, features), got shape ", input.sizes());
   TORCH_CHECK(weights.dim() == 2 && weights.size(0) % 3 == 0,

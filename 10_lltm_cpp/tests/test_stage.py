@@ -1,5 +1,6 @@
 """Stage 10's tests: the recurrent-cell contract (common/) for the module and the Function, the
-compiled module called directly (its seven forward results, d_X cut right when F != S), and both
+compiled module called directly (its seven forward results, d_X cut right when F != S, any
+device ATen runs on), and both
 build routes: setup.py (the installed _C) and JIT (jit.build() into a temporary folder)."""
 
 import torch
@@ -38,6 +39,19 @@ def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
     reference_lltm(*leaves)[0].sum().backward()
     torch.testing.assert_close(d_input, leaves[0].grad)
     torch.testing.assert_close(d_old_h, leaves[3].grad)
+
+
+def test_runs_on_any_device_aten_runs_on():
+    # Only ATen calls, no data pointers: the same binary runs on CUDA tensors (stage 12's GPU
+    # benchmark times it there). Without a GPU, the meta device (shapes, no data) shows it: every
+    # result comes back on the inputs' device, with the right shape.
+    arguments = [a.to("meta") for a in make_arguments(Shape(4, 6, 5), torch.float32)]
+    new_h, new_cell, *saved = _C.forward(*arguments)
+    assert [(t.device.type, tuple(t.shape)) for t in (new_h, new_cell, *saved)] == \
+        [("meta", (4, 5))] * 5 + [("meta", (4, 11)), ("meta", (4, 15))]
+    grads = _C.backward(torch.ones_like(new_h), torch.ones_like(new_cell), new_cell, *saved, arguments[1])
+    assert [(t.device.type, tuple(t.shape)) for t in grads] == \
+        [("meta", (4, 5)), ("meta", (4, 6)), ("meta", (15, 11)), ("meta", (1, 15)), ("meta", (4, 5))]
 
 
 def test_jit_route_builds_the_same_module(tmp_path, monkeypatch):
