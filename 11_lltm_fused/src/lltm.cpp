@@ -30,6 +30,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -202,15 +203,16 @@ static bool cpu_has_avx2_fma() { return false; }
 #endif
 
 // Which copy runs the float32 passes: "avx2+fma" where the CPU has them, else "sse2"; the
-// tests switch to "sse2" to check that both copies compute the same cell.
-static bool use_avx2 = cpu_has_avx2_fma();
+// tests switch to "sse2" to check that both copies compute the same cell. Atomic: the worker
+// threads of at::parallel_for read it while Python may set it from another thread.
+static std::atomic<bool> use_avx2{cpu_has_avx2_fma()};
 
-static std::string simd_path() { return use_avx2 ? "avx2+fma" : "sse2"; }
+static std::string simd_path() { return use_avx2.load() ? "avx2+fma" : "sse2"; }
 
 static void set_simd_path(const std::string& path) {
   TORCH_CHECK(path == "sse2" || path == "avx2+fma", "lltm_fused: simd path must be 'sse2' or 'avx2+fma', got '", path, "'");
   TORCH_CHECK(path == "sse2" || cpu_has_avx2_fma(), "lltm_fused: this CPU has no AVX2 + FMA: the 'avx2+fma' path cannot run");
-  use_avx2 = path == "avx2+fma";
+  use_avx2.store(path == "avx2+fma");
 }
 
 template <typename scalar_t>
@@ -218,7 +220,7 @@ static void run_forward_rows(const scalar_t* g, const scalar_t* c, scalar_t* h, 
                              int64_t begin, int64_t end) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (use_avx2) return forward_rows_avx2(g, c, h, c_out, state, begin, end);
+    if (use_avx2.load(std::memory_order_relaxed)) return forward_rows_avx2(g, c, h, c_out, state, begin, end);
   }
 #endif
   forward_rows(g, c, h, c_out, state, begin, end);  // float64 (libm's exp) and CPUs without AVX2
@@ -229,7 +231,7 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
                               scalar_t* dg, scalar_t* dc, int64_t state, int64_t begin, int64_t end) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (use_avx2) return backward_rows_avx2(g, gh, gc, c, dg, dc, state, begin, end);
+    if (use_avx2.load(std::memory_order_relaxed)) return backward_rows_avx2(g, gh, gc, c, dg, dc, state, begin, end);
   }
 #endif
   backward_rows(g, gh, gc, c, dg, dc, state, begin, end);
