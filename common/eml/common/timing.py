@@ -38,9 +38,11 @@ def cpu_name():
                 fields.setdefault(key.strip(), value.strip())
     except OSError:
         return platform.processor() or platform.machine()
-    flags = fields.get("flags", "").split()
-    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     name = fields.get("model name") or platform.processor() or platform.machine()
+    if "flags" not in fields:  # not x86 (an Arm CPU lists "Features"): no family or vector names
+        return name
+    flags = fields["flags"].split()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {vector})"
 
 
