@@ -30,6 +30,7 @@ import importlib
 import importlib.metadata
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,6 +56,25 @@ def discover_stages():
     return [(point.name, point.load()) for point in sorted(points, key=lambda p: p.name)]
 
 
+def mkl_code_path(verbose_output):
+    """The code path MKL names in its MKL_VERBOSE banner, or None when the text holds no banner.
+
+    The banner is the first MKL_VERBOSE line; it names the path between "for" and the OS field
+    ("Lnx", "Win" or "OSX", then the clock), on any CPU:
+      AMD CPUs:    "... for Intel(R) 64 architecture Intel(R) Architecture processors, Lnx ..."
+                   (MKL's generic path)
+      AVX2 Intel:  "... for Intel(R) 64 architecture Intel(R) Advanced Vector Extensions 2
+                   (Intel(R) AVX2) enabled processors, Lnx ..."
+      Intel Xeon:  "... for Intel(R) 64 architecture Intel(R) Advanced Vector Extensions 512
+                   (Intel(R) AVX-512) with support of Intel(R) Deep Learning Boost ..., Lnx ..."
+    The name is cut at the OS field, not at its first comma: the longer names hold commas."""
+    for line in verbose_output.splitlines():
+        match = re.match(r"MKL_VERBOSE .*? for (.+?),? (?:Lnx|Win|OSX) ", line)
+        if match:
+            return match.group(1).strip()
+    return None
+
+
 def mkl_path():
     """Which code path torch's float32 GEMM takes: MKL prints it under MKL_VERBOSE=1 (README).
 
@@ -65,10 +85,7 @@ def mkl_path():
                              capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return "code path unknown"
-    for line in out.splitlines():
-        if "processors" in line:  # "... for Intel(R) 64 architecture Intel(R) Architecture processors, ..."
-            return line.split(" for ", 1)[-1].split(",")[0].strip()
-    return "no MKL_VERBOSE banner: another BLAS?"
+    return mkl_code_path(out) or "no MKL_VERBOSE banner: another BLAS?"
 
 
 def check_layer(make_layer, shape):
