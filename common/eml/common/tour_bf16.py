@@ -113,7 +113,7 @@ def format_table(results, peak=None, peak_kind="bf16"):
 
 
 def summary(results, label):
-    """One line: median and worst forward+backward speed-up of one layer, and the issue's targets."""
+    """One line: median and worst forward+backward speed-up of one layer, and whether it meets the bf16 targets."""
     by_shape = {}
     for t in results:
         by_shape.setdefault(t.shape, {})[t.label] = t
