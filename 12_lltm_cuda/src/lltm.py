@@ -1,20 +1,22 @@
-"""Stage 12: the LLTM cell on a GPU, its element-wise work in two fused CUDA kernels.
+"""Stage 12: the LLTM cell on a GPU, stage 11's fused passes as two CUDA kernels.
 
-What this stage teaches: the same ``LLTM`` module and ``LLTMFunction`` as stages 09-11, now
-calling the compiled module ``_C`` built from lltm_cuda.cpp (checks, cuBLAS GEMMs, binding) and
-lltm_cuda_kernel.cu (one forward kernel, one backward kernel):
+What this stage teaches: moving a fused CPU pass to a GPU. lltm.py keeps stage 11's interface
+and its two lessons (save only the pre-activation gates, skip the GEMMs nobody asked for); the
+compiled module ``_C`` is built from lltm_cuda.cpp (checks, cuBLAS GEMMs, binding) and
+lltm_cuda_kernel.cu (one forward kernel, one backward kernel in place of 11's row loops):
 
-    _C.forward(input, weights, bias, old_h, old_cell)
-        -> new_h, new_cell, input_gate, output_gate, candidate_cell, X, gate_weights
-    _C.backward(grad_h, grad_cell, new_cell, input_gate, output_gate, candidate_cell,
-                X, gate_weights, weights)
+    _C.forward(input, weights, bias, old_h, old_cell) -> new_h, new_cell, gates
+    _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
+                need_d_X, need_d_weights)
         -> d_old_h, d_input, d_weights, d_bias, d_old_cell
 
-What changed since stage 10: every tensor must live on one CUDA device, and this module imports
+What changed since stage 11: every tensor must live on one CUDA device, and this module imports
 without the compiled ``_C`` (a CPU-only torch cannot build it): the module, its parameters and
 ``LLTMFunction`` exist everywhere, and only running the cell raises a clear "needs CUDA" error.
+
 Run it: ``pip install --no-build-isolation ./12_lltm_cuda`` on a machine with a GPU and a CUDA
-build of torch, then ``pytest 12_lltm_cuda/tests``.
+build of torch, then ``pytest 12_lltm_cuda/tests``; the benchmark of every cell that runs on
+the GPU: ``python 12_lltm_cuda/benchmark.py``.
 """
 
 import math
@@ -55,9 +57,10 @@ class LLTMFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weights, bias, old_h, old_cell):
         outputs = _extension().forward(input, weights, bias, old_h, old_cell)  # C++ checks the inputs
-        new_h, new_cell, input_gate, output_gate, candidate_cell, X, gate_weights = outputs
+        new_h, new_cell, gates = outputs
         ctx.bias_shape = bias.shape  # the bias gradient goes back in the bias's own shape
-        ctx.save_for_backward(new_cell, input_gate, output_gate, candidate_cell, X, gate_weights, weights)
+        # Only gates (B, 3S) is new memory: the rest exists anyway (inputs, the output new_cell).
+        ctx.save_for_backward(new_cell, gates, input, old_h, weights)
         return new_h, new_cell
 
     @staticmethod
@@ -71,9 +74,10 @@ class LLTMFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward_once(ctx, grad_h, grad_cell, *saved):
-        d_old_h, d_input, d_weights, d_bias, d_old_cell = _extension().backward(
-            grad_h.contiguous(), grad_cell.contiguous(), *saved)
         needs = ctx.needs_input_grad  # one flag per forward argument
+        need_d_X, need_d_weights = needs[0] or needs[3], needs[1]  # C++ skips the GEMMs nobody asked for
+        d_old_h, d_input, d_weights, d_bias, d_old_cell = _extension().backward(
+            grad_h.contiguous(), grad_cell.contiguous(), *saved, need_d_X, need_d_weights)
         return (
             d_input if needs[0] else None,
             d_weights if needs[1] else None,
@@ -110,3 +114,4 @@ class LLTM(torch.nn.Module):
 
     def extra_repr(self):
         return f"input_features={self.input_features}, state_size={self.state_size}"
+

@@ -1,14 +1,20 @@
-// Stage 12: the LLTM cell on a GPU. This file (host C++) checks the inputs, runs the two matrix
+// Stage 12: the LLTM cell on a GPU. This file (host C++) checks the inputs, runs the matrix
 // products on cuBLAS through ATen, and calls the fused element-wise kernels of
 // lltm_cuda_kernel.cu; pybind11 binds forward and backward for lltm.py.
 //
 // What this stage teaches: a CUDA extension is two files, a .cpp for the host compiler (checks,
 // ATen calls, the binding) and a .cu for nvcc (the kernels and their launches).
-// What changed since stage 10's lltm.cpp: the element-wise ATen calls of the forward (sigmoid,
-// elu, mul, add, tanh, ...) and of the backward are each replaced by ONE call into the .cu file;
-// the inputs must be CUDA tensors on one device.
+// What changed since stage 11's lltm.cpp: the fused passes over the rows (its sections 2, 3 and
+// 3b: the activations, the row functions, the SSE2 and AVX2 copies) left for the .cu file, where
+// each is one kernel; this file keeps 11's interface and its two lessons: the forward returns
+// only the pre-activation gates for the backward, and the backward runs only the GEMMs autograd
+// asks for (need_d_X, need_d_weights). The inputs must be CUDA tensors on one device.
 // Build: pip install --no-build-isolation ./12_lltm_cuda   (a CUDA build of torch and nvcc;
 // see ../README.md), or JIT: eml.lltm_cuda.jit.build().
+//
+//   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
+//   backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, need_d_X, need_d_weights)
+//     -> [d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell]
 //
 //   X = [old_h, input]                         (B, S + F)
 //   gates = X W^T + b                          W: (3S, S + F), b: (3S) or (1, 3S)
@@ -25,17 +31,15 @@
 
 // ---- 1. The two fused kernels, defined in lltm_cuda_kernel.cu ----
 
-// gate_weights (B, 3S), old_cell (B, S) -> new_h, new_cell, input_gate, output_gate, candidate_cell
-std::vector<at::Tensor> lltm_cuda_forward_elementwise(const at::Tensor& gate_weights, const at::Tensor& old_cell);
+// gates (B, 3S), old_cell (B, S) -> new_h, new_cell
+std::vector<at::Tensor> lltm_cuda_forward_elementwise(const at::Tensor& gates, const at::Tensor& old_cell);
 
-// -> d_old_cell (B, S), d_gates (B, 3S)
+// grad_h, grad_cell, new_cell (B, S), gates (B, 3S) -> d_old_cell (B, S), d_gates (B, 3S)
 std::vector<at::Tensor> lltm_cuda_backward_elementwise(
     const at::Tensor& grad_h,
     const at::Tensor& grad_cell,
     const at::Tensor& new_cell,
-    const at::Tensor& input_gate,
-    const at::Tensor& output_gate,
-    const at::Tensor& candidate_cell);
+    const at::Tensor& gates);
 
 namespace {
 
@@ -93,76 +97,80 @@ void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights, co
 }  // namespace
 
 // ---- 3. Forward: one GEMM on cuBLAS, then one fused kernel ----
-// Returns the tutorial's 7 tensors: new_h, new_cell, input_gate, output_gate, candidate_cell,
-// X and gate_weights (what the backward needs; lltm.py saves them).
+// Returns new_h, new_cell and the pre-activation gates, the one tensor the backward needs
+// beyond those that exist anyway (stage 11's choice: lltm.py saves gates, not five activations).
 std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
                                      const at::Tensor& old_h, const at::Tensor& old_cell) {
   check_forward_inputs(input, weights, bias, old_h, old_cell);
   const c10::cuda::OptionalCUDAGuard device_guard(input.device());  // kernels go to the inputs' GPU
+  // X lives only for the GEMM: the backward rebuilds it rather than keeping B x (S + F) alive.
   const at::Tensor X = at::cat({old_h, input}, /*dim=*/1);
-  // gates = b + X W^T in one cuBLAS call (addmm broadcasts a (3S) or (1, 3S) bias).
-  const at::Tensor gate_weights = at::addmm(bias, X, weights.t());
+  // gates = b + X W^T in one cuBLAS call (addmm broadcasts a (3S) or (1, 3S) bias): (B, 3S), contiguous.
+  const at::Tensor gates = at::addmm(bias, X, weights.t());
   const at::Tensor old_cell_contiguous = old_cell.contiguous();
-  std::vector<at::Tensor> outputs = lltm_cuda_forward_elementwise(gate_weights, old_cell_contiguous);
-  outputs.push_back(X);
-  outputs.push_back(gate_weights);
+  std::vector<at::Tensor> outputs = lltm_cuda_forward_elementwise(gates, old_cell_contiguous);
+  outputs.push_back(gates);
   return outputs;
 }
 
-// ---- 4. Backward: one fused kernel, then the GEMMs on cuBLAS ----
-// Returns d_old_h, d_input, d_weights, d_bias (shape (1, 3S)), d_old_cell, as the tutorial.
+// ---- 4. Backward: one fused kernel, then the GEMMs on cuBLAS that autograd asks for ----
+// Returns d_old_h, d_input, d_weights, d_bias (shape (1, 3S)), d_old_cell; d_old_h and d_input
+// are undefined (None in Python) unless need_d_X, d_weights unless need_d_weights.
 std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor& grad_cell,
-                                      const at::Tensor& new_cell, const at::Tensor& input_gate,
-                                      const at::Tensor& output_gate, const at::Tensor& candidate_cell,
-                                      const at::Tensor& X, const at::Tensor& gate_weights,
-                                      const at::Tensor& weights) {
+                                      const at::Tensor& new_cell, const at::Tensor& gates, const at::Tensor& input,
+                                      const at::Tensor& old_h, const at::Tensor& weights, bool need_d_X,
+                                      bool need_d_weights) {
   check_tensor(new_cell, "new_cell", new_cell, "new_cell");
   TORCH_CHECK(new_cell.dim() == 2, "lltm_cuda: new_cell must be 2-D (batch, state), got shape ", new_cell.sizes());
   const int64_t batch_size = new_cell.size(0);
   const int64_t state_size = new_cell.size(1);
   const struct { const at::Tensor& tensor; const char* name; } state_shaped[] = {
-      {grad_h, "grad_h"}, {grad_cell, "grad_cell"}, {input_gate, "input_gate"},
-      {output_gate, "output_gate"}, {candidate_cell, "candidate_cell"}};
+      {grad_h, "grad_h"}, {grad_cell, "grad_cell"}, {old_h, "old_h"}};
   for (const auto& item : state_shaped) {
     check_tensor(item.tensor, item.name, new_cell, "new_cell");
     check_shape(item.tensor, item.name, {batch_size, state_size});
   }
-  check_tensor(X, "X", new_cell, "new_cell");
+  check_tensor(gates, "gates", new_cell, "new_cell");
+  check_shape(gates, "gates", {batch_size, 3 * state_size});
+  check_tensor(input, "input", new_cell, "new_cell");
   check_tensor(weights, "weights", new_cell, "new_cell");
-  TORCH_CHECK(X.dim() == 2 && X.size(0) == batch_size && X.size(1) >= state_size,
-              "lltm_cuda: X must have shape (", batch_size, ", ", state_size, " + features), got ", X.sizes());
-  check_shape(weights, "weights", {3 * state_size, X.size(1)});
+  TORCH_CHECK(input.dim() == 2 && input.size(0) == batch_size,
+              "lltm_cuda: input must have shape (", batch_size, ", features), got ", input.sizes());
+  check_shape(weights, "weights", {3 * state_size, state_size + input.size(1)});
   const c10::cuda::OptionalCUDAGuard device_guard(new_cell.device());
 
-  // Contiguous named locals: the kernel's accessors index them as dense (B, S) matrices.
+  // Contiguous named locals: the kernel's accessors index them as dense matrices.
   const at::Tensor grad_h_c = grad_h.contiguous();
   const at::Tensor grad_cell_c = grad_cell.contiguous();
   const at::Tensor new_cell_c = new_cell.contiguous();
-  const at::Tensor input_gate_c = input_gate.contiguous();
-  const at::Tensor output_gate_c = output_gate.contiguous();
-  const at::Tensor candidate_cell_c = candidate_cell.contiguous();
-  const std::vector<at::Tensor> elementwise = lltm_cuda_backward_elementwise(
-      grad_h_c, grad_cell_c, new_cell_c, input_gate_c, output_gate_c, candidate_cell_c);
+  const at::Tensor gates_c = gates.contiguous();
+  const std::vector<at::Tensor> elementwise =
+      lltm_cuda_backward_elementwise(grad_h_c, grad_cell_c, new_cell_c, gates_c);
   const at::Tensor& d_old_cell = elementwise[0];
   const at::Tensor& d_gates = elementwise[1];  // (B, 3S)
 
-  const at::Tensor d_weights = d_gates.t().mm(X);                     // (3S, S + F)
   const at::Tensor d_bias = d_gates.sum(/*dim=*/0, /*keepdim=*/true);  // (1, 3S)
-  const at::Tensor d_X = d_gates.mm(weights);                          // (B, S + F)
-  // X = [old_h, input]: the first S columns are old_h's, the rest input's. (Splitting with
-  // split(S) would be wrong whenever the feature count F differs from S.)
-  const at::Tensor d_old_h = d_X.slice(/*dim=*/1, /*start=*/0, /*end=*/state_size);
-  const at::Tensor d_input = d_X.slice(/*dim=*/1, /*start=*/state_size);
+  at::Tensor d_weights, d_old_h, d_input;
+  if (need_d_weights) {
+    d_weights = d_gates.t().mm(at::cat({old_h, input}, /*dim=*/1));  // (3S, S + F); X rebuilt: one copy
+  }
+  if (need_d_X) {
+    const at::Tensor d_X = d_gates.mm(weights);  // (B, S + F)
+    // X = [old_h, input]: the first S columns are old_h's, the rest input's. (Splitting with
+    // split(S) would be wrong whenever the feature count F differs from S.)
+    d_old_h = d_X.slice(/*dim=*/1, /*start=*/0, /*end=*/state_size);
+    d_input = d_X.slice(/*dim=*/1, /*start=*/state_size);
+  }
   return {d_old_h, d_input, d_weights, d_bias, d_old_cell};
 }
 
 // ---- 5. The binding: eml.lltm_cuda._C.forward and .backward ----
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &lltm_forward, "LLTM forward on CUDA: 7 tensors (new_h, new_cell, input_gate, output_gate, "
-        "candidate_cell, X, gate_weights)",
+  m.def("forward", &lltm_forward, "LLTM forward on CUDA: new_h, new_cell, gates (one GEMM, one fused kernel)",
         py::arg("input"), py::arg("weights"), py::arg("bias"), py::arg("old_h"), py::arg("old_cell"));
-  m.def("backward", &lltm_backward, "LLTM backward on CUDA: d_old_h, d_input, d_weights, d_bias, d_old_cell",
-        py::arg("grad_h"), py::arg("grad_cell"), py::arg("new_cell"), py::arg("input_gate"),
-        py::arg("output_gate"), py::arg("candidate_cell"), py::arg("X"), py::arg("gate_weights"),
-        py::arg("weights"));
+  m.def("backward", &lltm_backward,
+        "LLTM backward on CUDA: d_old_h, d_input, d_weights, d_bias, d_old_cell (one fused kernel, then the "
+        "GEMMs asked for)",
+        py::arg("grad_h"), py::arg("grad_cell"), py::arg("new_cell"), py::arg("gates"), py::arg("input"),
+        py::arg("old_h"), py::arg("weights"), py::arg("need_d_X"), py::arg("need_d_weights"));
 }
