@@ -1,9 +1,10 @@
 """Stage 15: __torch_dispatch__, the ATen operators a model really runs.
 
 What this stage teaches: below torch's Python API, every call goes through the dispatcher as
-ATen operators (``aten.mm.default``, ``aten.addmm.default``, ...), after autograd has
-decomposed composite functions (``F.linear`` becomes ``t`` + ``addmm``). ``__torch_dispatch__``
-is the hook at that level. Two ways to use it:
+ATen operators (``aten.mm.default``, ``aten.addmm.default``, ...). ``__torch_dispatch__`` is the
+hook at the dispatcher's Python key, below autograd: a composite operator whose kernel is
+CompositeImplicitAutograd runs above that key and shows as the operators it calls
+(``aten::linear`` is dispatched, and its kernel calls ``t`` + ``addmm``). Two ways to use it:
 
   LoggingMode       a TorchDispatchMode: while it is active, EVERY operator call made through
                     the dispatcher is logged, from Python or from C++ (an extension's own

@@ -4,19 +4,20 @@ What this stage teaches: ``__torch_function__``, the hook torch's Python API che
 argument: ``torch.mean(s)`` with a ScalarTensor ``s`` calls ``ScalarTensor.__torch_function__
 (torch.mean, types, args, kwargs)`` instead of torch's own code. The example is the one of
 PyTorch's "Extending PyTorch" notes (an N x N diagonal matrix ``value * I`` stored as two
-numbers), with its defects fixed:
+numbers). Kept as the notes have it: ``implements`` calls ``functools.update_wrapper(func,
+torch_function)`` on the registered implementation and returns it unchanged, and
+``__torch_function__`` returns ``NotImplemented`` for a function it does not handle and for an
+argument type it does not know, so that torch can try the other types' overrides and then
+raise a clear TypeError. Changed, in three places the notes leave as they are:
 
-  - ``implements`` uses ``functools.update_wrapper(func, torch_function)`` on the registered
-    implementation, and returns it unchanged (the metadata belongs there, not on the decorator);
-  - ``__torch_function__`` returns ``NotImplemented`` for a function it does not handle AND for
-    argument types it does not know (``issubclass`` checks on ``types``), so torch can try the
-    other types' overrides and then raise a clear TypeError;
-  - ``torch.mean`` returns a tensor as torch.mean does (the seed returned a Python float) and
-    honours ``dim`` and ``keepdim``; ``torch.add`` honours ``alpha`` (the seed dropped it
-    silently: ``torch.add(s, s, alpha=2)`` gave ``s + s``) and no longer swallows every
-    AttributeError to decide whether the other argument is a ScalarTensor;
-  - every implementation accepts each parameter torch's own signature has (checked against
-    ``torch.overrides.get_testing_overrides()`` in coverage.py).
+  - ``torch.mean`` returns a tensor as torch.mean does (the notes' mean returns a Python float)
+    and honours ``dim``, ``keepdim`` and ``dtype``;
+  - ``torch.add`` decides with ``isinstance`` whether both arguments are ScalarTensors (the
+    notes' add catches every AttributeError for that, so an AttributeError from a bug inside
+    its fast path silently sends it down the dense path);
+  - ``torch.add`` takes each parameter torch's own signature has (the notes' add(input, other)
+    takes neither ``alpha`` nor ``out``): ``alpha`` is honoured, ``out`` refused clearly, and
+    coverage.py checks every implementation against ``torch.overrides.get_testing_overrides()``.
 
 What changed: a new route, not a copy of an earlier stage (README).
 Run it: ``python -c "import torch; from eml.tensor_subclasses import ScalarTensor; print(torch.mean(ScalarTensor(5, 2.0)))"``.

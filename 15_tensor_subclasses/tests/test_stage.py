@@ -1,7 +1,8 @@
 """Stage 15's tests: one test (at least) for every claim the README and the notebook print.
 
-__torch_function__: ScalarTensor (torch.mean and torch.add against the dense matrix, the
-seed's defects fixed, NotImplemented for unhandled functions and unknown types), a subclass
+__torch_function__: ScalarTensor (torch.mean and torch.add against the dense matrix, the three
+changes to the "Extending PyTorch" notes' example, NotImplemented for unhandled functions and
+unknown types, update_wrapper on the registered implementation, as the notes have them), a subclass
 that keeps its type, a tagged subclass, a wrapper type, the override-coverage API.
 __torch_dispatch__: the ATen operators of torch.nn.Linear and of the tutorial's own stages
 (01: t, mm, add; 06: allocations only, its GEMMs run inside C++; 13: a torch.library operator
@@ -28,7 +29,7 @@ from eml.tensor_subclasses import (
 def test_mean_matches_the_dense_matrix(N, value):
     s = ScalarTensor(N, value)
     result = torch.mean(s)
-    assert isinstance(result, torch.Tensor), "torch.mean returns a tensor (the seed returned a float)"
+    assert isinstance(result, torch.Tensor), "torch.mean returns a tensor (the notes' mean returns a float)"
     torch.testing.assert_close(result, torch.mean(s.tensor()))
     for kwargs in ({"dim": 0}, {"dim": 1, "keepdim": True}, {"dim": (0, 1)}, {"dim": None, "keepdim": True}):
         torch.testing.assert_close(torch.mean(s, **kwargs), torch.mean(s.tensor(), **kwargs), msg=str(kwargs))
@@ -47,7 +48,7 @@ def test_add_of_two_scalar_tensors_stays_a_scalar_tensor():
 
 
 def test_add_honours_alpha():
-    """The seed's add dropped alpha: torch.add(s, s, alpha=2) must be s + 2 s."""
+    """The notes' add(input, other) has no alpha (torch.add(s, s, alpha=2) is a TypeError there): s + 2 s here."""
     result = torch.add(ScalarTensor(3, 2.0), ScalarTensor(3, 5.0), alpha=2)
     assert result._value == 12.0
     t = torch.randn(3, 3)
@@ -59,6 +60,38 @@ def test_add_with_a_tensor_is_dense_on_both_sides():
     torch.testing.assert_close(torch.add(ScalarTensor(4, 2.0), t), 2.0 * torch.eye(4) + t)
     torch.testing.assert_close(torch.add(t, ScalarTensor(4, 2.0)), t + 2.0 * torch.eye(4))
     torch.testing.assert_close(t + ScalarTensor(4, 2.0), t + 2.0 * torch.eye(4))  # Tensor.__add__, then __radd__
+
+
+class Faulty(ScalarTensor):
+    """A ScalarTensor with a bug: reading its value raises AttributeError."""
+
+    @property
+    def _value(self):
+        raise AttributeError("Faulty has lost its value")
+
+    @_value.setter
+    def _value(self, value):
+        pass
+
+    def tensor(self):
+        return torch.eye(self._N)
+
+
+def test_add_lets_an_attribute_error_from_a_bug_surface():
+    """The notes' add catches every AttributeError to mean "not a ScalarTensor"; isinstance decides here."""
+    with pytest.raises(AttributeError, match="Faulty has lost its value"):
+        torch.add(Faulty(2, 1.0), Faulty(2, 1.0))
+
+    def notes_add(input, other):  # the notes' add, as they write it
+        try:
+            if input._N == other._N:
+                return ScalarTensor(input._N, input._value + other._value)
+            raise ValueError("Shape mismatch!")
+        except AttributeError:
+            return torch.add(scalar_tensor.ensure_tensor(input), scalar_tensor.ensure_tensor(other))
+
+    # The same bug there: no error, a dense tensor computed from the faulty object's tensor().
+    assert torch.equal(notes_add(Faulty(2, 1.0), Faulty(2, 1.0)), 2 * torch.eye(2))
 
 
 def test_add_of_different_sizes_names_both():
@@ -75,7 +108,7 @@ def test_unhandled_function_is_a_type_error():
     """NotImplemented for a function not in HANDLED_FUNCTIONS: torch raises TypeError naming it."""
     with pytest.raises(TypeError, match=r"exp"):
         torch.exp(ScalarTensor(2, 1.0))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"no implementation found for .torch\.nn\.functional\.relu."):
         torch.nn.functional.relu(ScalarTensor(2, 1.0))
 
 
@@ -89,7 +122,7 @@ def test_unknown_argument_type_is_refused():
             seen.append(func)
             return NotImplemented
 
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"torch\.add.*returned NotImplemented"):
         torch.add(ScalarTensor(2, 1.0), Other())
     assert seen == [torch.add], "torch asked the other type too once ScalarTensor declined"
 
@@ -126,12 +159,12 @@ def test_every_handled_function_is_overridable_and_covered():
 
 
 def test_coverage_catches_an_implementation_missing_a_parameter():
-    """The check can fail: the seed's add(input, other) lacks torch.add's `out`."""
-    def seed_add(input, other):
+    """The check can fail: the notes' add(input, other) lacks torch.add's `out`."""
+    def notes_add(input, other):
         return None
 
-    assert coverage.missing_parameters({torch.add: seed_add}) == {"add": ["out"]}
-    assert "missing" in coverage.report({torch.add: seed_add})
+    assert coverage.missing_parameters({torch.add: notes_add}) == {"add": ["out"]}
+    assert "missing" in coverage.report({torch.add: notes_add})
 
 
 def test_ignored_functions_never_reach_torch_function():
@@ -177,7 +210,7 @@ def test_wrapper_refuses_unknown_types():
         def __torch_function__(cls, func, types, args=(), kwargs=None):
             return NotImplemented
 
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"torch\.add.*returned NotImplemented"):
         torch.add(Wrapper(torch.ones(2)), Other())
     with pytest.raises(TypeError, match="Tensor"):
         Wrapper([1.0])
