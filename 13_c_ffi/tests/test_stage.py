@@ -2,7 +2,7 @@
 
 The linear Layer and Function pass the shared contracts of common/ (every awkward shape against
 F.linear, gradcheck, double backward, bad input), through the autograd Function and through the
-torch.library operator. New here: the seed's check model(x, 4x) == 5x, both gradients of add
+torch.library operator. New here: the old example's check model(x, 4x) == 5x, both gradients of add
 from C, every bad input stopped in Python before C is reached (the library counts its calls),
 the operators under opcheck and torch.compile(fullgraph=True), and the library itself: found by
 path next to the package, no Python or PyTorch inside it, the ABI version checked.
@@ -48,7 +48,8 @@ def test_linear_against_f_linear_float32(shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("shape", [(3, 7), (1,), (0, 4), (2, 3, 5)], ids=str)
 def test_model_x_4x_is_5x(shape, dtype):
-    """The seed's own check: x + 4x == 5x, exactly (one rounding each side, the same one)."""
+    """pytorch/extension-ffi's test.py prints model(x, 4x) beside x + 4x; asserted here: == 5x,
+    exactly (one rounding each side, the same one)."""
     x = torch.randn(*shape, dtype=dtype)
     assert torch.equal(AddModule()(x, 4 * x), 5 * x)
     assert torch.equal(ops.add(x, 4 * x), 5 * x)
@@ -60,7 +61,7 @@ def test_add_gives_a_gradient_to_both_inputs_from_c():
     before = clib.calls()
     AddModule()(a, b).backward(grad)
     assert clib.calls() - before == 2, "one C call for the forward and one for the backward"
-    assert torch.equal(a.grad, grad) and torch.equal(b.grad, grad)  # the seed returned one only
+    assert torch.equal(a.grad, grad) and torch.equal(b.grad, grad)  # extension-ffi's backward returned one only
 
 
 @pytest.mark.parametrize("needs", [(True, False), (False, True)], ids=["a", "b"])
@@ -141,7 +142,7 @@ def test_no_pointer_is_passed_when_a_check_fails(monkeypatch):
     """A second witness besides the counter: data_ptr() is never even asked for."""
     asked = []
     monkeypatch.setattr(clib, "_ptr", lambda tensor: asked.append(tensor) or tensor.data_ptr())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"same shape, got \[4\] and \[5\]"):
         clib.add_forward(f32(4), f32(5))
     assert asked == []
     clib.add_forward(f32(4), f32(4))
