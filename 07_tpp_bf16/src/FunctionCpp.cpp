@@ -193,6 +193,70 @@ torch::Tensor unflatten_like(const torch::Tensor& i_tensor_2d, const torch::Tens
 
 // ---- 5. The three products and the bias gradient, on raw pointers ------------------
 
+// B packing. Each thread copies one column block of B (columns nb*bn ..) into its buffer, in
+// k steps: block kb is the column-major (bk x bn) slab at buffer + kb*bk*bn, ldb = bk, so the
+// kernel reads it contiguously however far apart the columns lie in memory.
+
+// B's column j is a row of a row-major matrix (the forward's x, grad_input's gy: B = x^T, gy^T):
+// each slab column is a memcpy of a piece of that row.
+template <typename T>
+void pack_b_rows(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_src, idx i_nb, T* o_buffer) {
+  const idx l_columns = i_gemm.columns(i_nb);
+  for (idx l_kb = 0; l_kb < i_gemm.nK; l_kb++) {
+    T* l_slab = o_buffer + l_kb * i_gemm.bk * i_gemm.bn;
+    const idx l_depth = i_gemm.depth(l_kb);
+    for (idx l_j = 0; l_j < l_columns; l_j++) {
+      std::memcpy(l_slab + l_j * i_gemm.bk, i_src + (i_nb * i_gemm.bn + l_j) * i_ld_src + l_kb * i_gemm.bk,
+                  l_depth * sizeof(T));
+    }
+  }
+}
+
+// B's k runs down the rows of a row-major matrix (grad_weight's gy: B = gy, N x out): each slab
+// is a transposed (bk x bn) block of it. With o_column_sums, the same pass sums each column of
+// the block into o_column_sums[j] (grad_bias, fused: gy is read once for both).
+template <typename T>
+void pack_b_transposed(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_src, idx i_nb, T* o_buffer,
+                       T* o_column_sums) {
+  const idx l_columns = i_gemm.columns(i_nb);
+  if (o_column_sums != nullptr) std::fill_n(o_column_sums, l_columns, T(0));
+  for (idx l_kb = 0; l_kb < i_gemm.nK; l_kb++) {
+    T* l_slab = o_buffer + l_kb * i_gemm.bk * i_gemm.bn;
+    const idx l_depth = i_gemm.depth(l_kb);
+    const T* l_block = i_src + l_kb * i_gemm.bk * i_ld_src + i_nb * i_gemm.bn;  // rows kb*bk.., columns nb*bn..
+    // the block (depth rows x columns, row-major, ld i_ld_src) is the column-major (columns x
+    // depth) matrix; its transpose (depth x columns, ld bk) is the slab
+    libxsmm_otrans(l_slab, l_block, sizeof(T), /*m=*/l_columns, /*n=*/l_depth, /*ldi=*/i_ld_src, /*ldo=*/i_gemm.bk);
+    if (o_column_sums != nullptr) {
+      for (idx l_j = 0; l_j < l_columns; l_j++) {
+        const T* l_column = l_slab + l_j * i_gemm.bk;  // contiguous now
+        T l_sum = 0;
+        for (idx l_k = 0; l_k < l_depth; l_k++) l_sum += l_column[l_k];
+        o_column_sums[l_j] += l_sum;
+      }
+    }
+  }
+}
+
+// Stores a finished tile (rows x columns, ld bm) into a column-major C (ld i_ldc), adding
+// i_bias[row] to every column when a bias is given (the forward's, fused into the store).
+template <typename T>
+void store_tile(const BlockedGemm<T>& i_gemm, idx i_mb, idx i_nb, const T* i_tile, T* o_c, idx i_ldc,
+                const T* i_bias) {
+  const idx l_rows = i_gemm.rows(i_mb), l_columns = i_gemm.columns(i_nb);
+  T* l_c = o_c + i_nb * i_gemm.bn * i_ldc + i_mb * i_gemm.bm;
+  const T* l_bias = i_bias ? i_bias + i_mb * i_gemm.bm : nullptr;
+  for (idx l_j = 0; l_j < l_columns; l_j++) {
+    const T* l_from = i_tile + l_j * i_gemm.bm;
+    T* l_to = l_c + l_j * i_ldc;
+    if (l_bias == nullptr) {
+      std::memcpy(l_to, l_from, l_rows * sizeof(T));
+    } else {
+      for (idx l_i = 0; l_i < l_rows; l_i++) l_to[l_i] = l_from[l_i] + l_bias[l_i];
+    }
+  }
+}
+
 // y (N, out) = x (N, in) W^T + b. All pointers row-major and contiguous. i_weight_as_t():
 // W contiguous in type T, asked for only when W has to be packed (the pack cache misses).
 template <typename T, typename WeightAsT>
@@ -201,7 +265,7 @@ void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, WeightAsT&& 
   if (N == 0 || i_out == 0) return;
   const auto l_plan = io_state.plan<T>(kForward, N);
   const BlockedGemm<T>& l_gemm = *l_plan;
-  const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
+  const idx bm = l_gemm.bm, bk = l_gemm.bk;
   at::Tensor l_packed;  // no K, nothing to pack: the tiles are the bias, or zeros
   if (i_in > 0) {
     l_packed = io_state.packed_weight(i_weight, bm, kPanels, i_cache_weight, [&] { return pack_panels(i_weight_as_t(), bm); });
@@ -210,18 +274,10 @@ void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, WeightAsT&& 
   l_gemm.run(
       // A block (mb, kb): panel mb, from row kb*bk of its column-major (bm x in) layout
       [&](idx mb, idx kb) { return l_panels + mb * bm * i_in + kb * bk * bm; },
-      // B block (kb, nb): x^T rows kb*bk.., columns nb*bn..; column j of x^T is row j of x
-      [&](idx kb, idx nb) { return i_x + nb * bn * i_in + kb * bk; },
-      // C tile (mb, nb): y^T rows mb*bm.., columns nb*bn..; column j of y^T is row j of y
-      [&](idx mb, idx nb) { return o_y + nb * bn * i_out + mb * bm; },
-      // the bias, fused: each column of the tile starts as b[mb*bm ..], the kernels add A B
-      [&](idx mb, idx nb) {
-        if (i_b == nullptr) return false;
-        for (idx l_j = 0; l_j < l_gemm.columns(nb); l_j++) {
-          std::memcpy(o_y + (nb * bn + l_j) * i_out + mb * bm, i_b + mb * bm, l_gemm.rows(mb) * sizeof(T));
-        }
-        return true;
-      });
+      // B = x^T: column j of x^T is row j of x
+      [&](idx, idx nb, T* o_buffer) { pack_b_rows(l_gemm, i_x, /*ld_src=*/i_in, nb, o_buffer); },
+      // C = y^T: column j of y^T is row j of y; the bias added to every column on the way
+      [&](idx mb, idx nb, const T* tile) { store_tile(l_gemm, mb, nb, tile, o_y, /*ldc=*/i_out, i_b); });
 }
 
 // The backward's A operands, packed like the forward's W (see "The training step" in the
@@ -246,50 +302,39 @@ at::Tensor pack_column_panels(const T* i_src, idx i_rows, idx i_cols, idx i_bm) 
   return l_packed;
 }
 
-// Row-major (rows x cols) -> row-major (cols x rows), by libxsmm_otrans on blocks of rows.
-template <typename T>
-at::Tensor transposed(const T* i_src, idx i_rows, idx i_cols) {
-  at::Tensor l_out = at::empty({i_rows * i_cols}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
-  T* l_o = l_out.mutable_data_ptr<T>();
-  at::parallel_for(/*begin=*/0, /*end=*/i_rows, /*grain_size=*/64, [&](idx i_first, idx i_last) {
-    // rows first.. are the column-major (cols x count) matrix at that row, ld cols; its
-    // transpose (count x cols, ld rows) starts at column `first` of the output
-    libxsmm_otrans(l_o + i_first, i_src + i_first * i_cols, sizeof(T), /*m=*/i_cols, /*n=*/i_last - i_first,
-                   /*ldi=*/i_cols, /*ldo=*/i_rows);
-  });
-  return l_out;
-}
-
-// gx (N, in) = gy (N, out) W (out, in): gx^T = W^T . gy^T; W^T packed into panels, gy as stored.
+// gx (N, in) = gy (N, out) W (out, in): gx^T = W^T . gy^T; W^T packed into panels, gy per thread.
 template <typename T>
 void grad_input_tpp(LinearState& io_state, const T* i_gy, const T* i_w, T* o_gx, idx N, idx i_in, idx i_out) {
   const auto l_plan = io_state.plan<T>(kGradInput, N);
   const BlockedGemm<T>& l_gemm = *l_plan;
-  const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
+  const idx bm = l_gemm.bm, bk = l_gemm.bk;
   if (N == 0 || i_in == 0) return;
   const at::Tensor l_panels = pack_column_panels(i_w, /*rows=*/i_out, /*cols=*/i_in, bm);  // W^T, (in x out) in panels
   const T* l_a = l_panels.const_data_ptr<T>();
   l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * i_out + kb * bk * bm; },  // panel mb, k step kb
-             [&](idx kb, idx nb) { return i_gy + nb * bn * i_out + kb * bk; },     // gy^T: column n is row n of gy
-             [&](idx mb, idx nb) { return o_gx + nb * bn * i_in + mb * bm; },
-             [](idx, idx) { return false; });
+             [&](idx, idx nb, T* o_buffer) { pack_b_rows(l_gemm, i_gy, /*ld_src=*/i_out, nb, o_buffer); },  // gy^T
+             [&](idx mb, idx nb, const T* tile) { store_tile(l_gemm, mb, nb, tile, o_gx, /*ldc=*/i_in, (const T*)nullptr); });
 }
 
-// gw (out, in) = gy^T (out, N) x (N, in): gw^T = x^T . gy; x^T packed into panels, gy transposed once.
+// gw (out, in) = gy^T (out, N) x (N, in): gw^T = x^T . gy; x^T packed into panels, gy transposed
+// per thread, block by block. With o_gb, grad_bias (the column sums of gy) comes out of the same
+// pass over gy: the pack of column block nb for the tile in row block 0 sums it, exactly once.
+// Returns false when it could not (no tiles: in == 0 or an empty batch); the caller then sums.
 template <typename T>
-void grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw, idx N, idx i_in, idx i_out) {
+bool grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw, T* o_gb, idx N, idx i_in, idx i_out) {
   const auto l_plan = io_state.plan<T>(kGradWeight, N);
   const BlockedGemm<T>& l_gemm = *l_plan;
-  const idx bm = l_gemm.bm, bn = l_gemm.bn, bk = l_gemm.bk;
-  if (i_in == 0 || i_out == 0) return;
+  const idx bm = l_gemm.bm, bk = l_gemm.bk;
+  if (i_in == 0 || i_out == 0) return false;
   const at::Tensor l_panels = pack_column_panels(i_x, /*rows=*/N, /*cols=*/i_in, bm);  // x^T, (in x N) in panels
-  const at::Tensor l_gyt = transposed(i_gy, /*rows=*/N, /*cols=*/i_out);                // gy^T (out x N): gy column-major
   const T* l_a = l_panels.const_data_ptr<T>();
-  const T* l_b = l_gyt.const_data_ptr<T>();
   l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * N + kb * bk * bm; },  // panel mb, k step kb
-             [&](idx kb, idx nb) { return l_b + nb * bn * N + kb * bk; },       // column o of gy: row o of gy^T
-             [&](idx mb, idx nb) { return o_gw + nb * bn * i_in + mb * bm; },
-             [](idx, idx) { return false; });
+             [&](idx mb, idx nb, T* o_buffer) {
+               T* l_sums = (o_gb != nullptr && mb == 0) ? o_gb + nb * l_gemm.bn : nullptr;
+               pack_b_transposed(l_gemm, i_gy, /*ld_src=*/i_out, nb, o_buffer, l_sums);
+             },
+             [&](idx mb, idx nb, const T* tile) { store_tile(l_gemm, mb, nb, tile, o_gw, /*ldc=*/i_in, (const T*)nullptr); });
+  return N > 0;
 }
 
 // gb[o] = sum_n gy[n][o] for o in [first, last). Not a GEMM: plain C++, innermost loop contiguous.
@@ -394,7 +439,7 @@ at::Tensor grad_weight_bf16(LinearState& io_state, const at::Tensor& i_gy, const
     const at::Tensor l_gy32 = i_gy.to(at::kFloat), l_x32 = i_x.to(at::kFloat);
     at::Tensor l_gw32 = at::empty({l_out, l_in}, l_gy32.options());
     grad_weight_tpp<float>(io_state, l_gy32.const_data_ptr<float>(), l_x32.const_data_ptr<float>(),
-                           l_gw32.mutable_data_ptr<float>(), N, l_in, l_out);
+                           l_gw32.mutable_data_ptr<float>(), /*o_gb=*/nullptr, N, l_in, l_out);
     return l_gw32.to(at::kBFloat16);
   }
   at::Tensor l_gw = at::empty({l_out, l_in}, i_gy.options());
@@ -484,17 +529,19 @@ std::vector<torch::Tensor> backward(torch::Tensor i_grad_output,
                                l_n, l_in, l_out);
       l_grad_input = unflatten_like(l_gx, i_grad_output);
     }
+    if (i_need_grad_bias) l_grad_bias = torch::empty({l_out}, l_grad_output.options());
+    scalar_t* l_gb = i_need_grad_bias ? l_grad_bias.mutable_data_ptr<scalar_t>() : nullptr;
+    bool l_bias_done = false;
     if (i_need_grad_weights) {
-      // grad_weight = grad_output^T x: (out, N) x (N, in) -> (out, in)
+      // grad_weight = grad_output^T x: (out, N) x (N, in) -> (out, in); grad_bias in the same pass
       const torch::Tensor l_input = flatten_to_2d(*i_input).contiguous();  // (N, in)
       l_grad_weights = torch::empty({l_out, l_in}, l_grad_output.options());
-      grad_weight_tpp<scalar_t>(*l_state, l_gy, l_input.const_data_ptr<scalar_t>(),
-                                l_grad_weights.mutable_data_ptr<scalar_t>(), l_n, l_in, l_out);
+      l_bias_done = grad_weight_tpp<scalar_t>(*l_state, l_gy, l_input.const_data_ptr<scalar_t>(),
+                                              l_grad_weights.mutable_data_ptr<scalar_t>(), l_gb, l_n, l_in, l_out);
     }
-    if (i_need_grad_bias) {
-      // grad_bias = sum over the N rows of grad_output -> (out)
-      l_grad_bias = torch::empty({l_out}, l_grad_output.options());
-      grad_bias_tpp<scalar_t>(l_gy, l_grad_bias.mutable_data_ptr<scalar_t>(), l_n, l_out);
+    if (i_need_grad_bias && !l_bias_done) {
+      // grad_bias = sum over the N rows of grad_output -> (out), when grad_weight did not sum it
+      grad_bias_tpp<scalar_t>(l_gy, l_gb, l_n, l_out);
     }
   });
   return {l_grad_input, l_grad_weights, l_grad_bias};

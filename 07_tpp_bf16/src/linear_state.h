@@ -23,14 +23,25 @@ namespace linear_tpp_bf16 {
 
 // ---- 3. The state: kernels, plans, packed weight ------------------------------------
 
-// The blocking of the three products, chosen by timing candidate blockings per product on the
-// tour's shapes (a 2-core Zen machine; README's exercise repeats this for one product): 64-wide
-// tiles; a whole-K kernel while A's bm x K panel stays in L2 (K <= 1024), beyond that 256-deep
-// steps; grad_input prefers 256-deep steps even at K = 1024, and column-block order.
+// The blocking of the three products (bm, bn, bk) and their tile order, per instruction set:
+// AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
+// so the best tile differs. Chosen by timing candidate blockings with `benchmark.py --blockings`
+// (README: the training step): on AVX2 (Zen 3) 32 x 256 tiles in 128-deep k steps, within a few
+// points of the best for every product and shape tried; on AVX-512 the 64 x 64 x 64-class tile of
+// the peak probe, in 128-deep steps (not re-timed since the per-thread packing: run the sweep).
 struct Config {
-  Blocking blocking[3] = {/*forward=*/{64, 64, 0}, /*grad_input=*/{64, 64, 256}, /*grad_weight=*/{64, 128, 0}};
-  bool n_outer[3] = {false, true, true};
+  Blocking blocking[3] = {/*forward=*/{32, 256, 128}, /*grad_input=*/{32, 256, 128}, /*grad_weight=*/{32, 256, 128}};
+  bool n_outer[3] = {true, true, true};  // column blocks outermost: a thread packs each B block once
 };
+
+inline Config default_config() {
+  libxsmm_init();
+  Config l_config;
+  if (libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512) {
+    for (Blocking& l_b : l_config.blocking) l_b = {64, 64, 128};
+  }
+  return l_config;
+}
 
 // A plan caps at this many batch sizes per dtype; beyond, the plans are dropped and rebuilt on
 // demand (cheap: their kernels stay in the state's kernel table).
@@ -204,28 +215,24 @@ class LinearState {
     switch (i_product) {
       case kForward: {
         // y^T (out x N) = Wp (out x in) . x^T (in x N). A: the packed panels, whose leading
-        // dimension is the panel height, the clamped bm; B: x, ld in; C: y, ld out.
+        // dimension is the panel height, the clamped bm. B: x, packed per thread; C: y.
         const idx l_panel = std::clamp<idx>(l_b.bm, 1, std::max<idx>(1, m_out));
-        l_plan = std::make_shared<BlockedGemm<T>>(m_out, N, m_in, l_b, l_n_outer, /*lda=*/l_panel, /*ldb=*/m_in,
-                                                  /*ldc=*/m_out, /*flags=*/0, /*may_prefill=*/true, l_kernel);
+        l_plan = std::make_shared<BlockedGemm<T>>(m_out, N, m_in, l_b, l_n_outer, /*lda=*/l_panel, l_kernel);
         break;
       }
       case kGradInput: {
         // gx^T (in x N) = W^T (in x out) . gy^T (out x N). A: W^T packed into panels of bm rows
-        // (column blocks of W), ld the panel height; B: gy, ld out; C: gx, ld in.
+        // (column blocks of W), ld the panel height. B: gy, packed per thread; C: gx.
         const idx l_panel = std::clamp<idx>(l_b.bm, 1, std::max<idx>(1, m_in));
-        l_plan = std::make_shared<BlockedGemm<T>>(m_in, N, m_out, l_b, l_n_outer, /*lda=*/l_panel, /*ldb=*/m_out,
-                                                  /*ldc=*/m_in, /*flags=*/0, /*may_prefill=*/false, l_kernel);
+        l_plan = std::make_shared<BlockedGemm<T>>(m_in, N, m_out, l_b, l_n_outer, /*lda=*/l_panel, l_kernel);
         break;
       }
       case kGradWeight: {
         // gw^T (in x out) = x^T (in x N) . gy (N x out). A: x^T packed into panels of bm rows
-        // (column blocks of x), ld the panel height; B: gy transposed once into gy^T (out x N),
-        // which is gy column-major, ld N; C: gw, ld in. The batch N is the reduction.
+        // (column blocks of x), ld the panel height. B: gy, transposed block by block into the
+        // thread's buffer; C: gw. The batch N is the reduction.
         const idx l_panel = std::clamp<idx>(l_b.bm, 1, std::max<idx>(1, m_in));
-        l_plan = std::make_shared<BlockedGemm<T>>(m_in, m_out, N, l_b, l_n_outer, /*lda=*/l_panel,
-                                                  /*ldb=*/std::max<idx>(1, N), /*ldc=*/m_in, /*flags=*/0,
-                                                  /*may_prefill=*/false, l_kernel);
+        l_plan = std::make_shared<BlockedGemm<T>>(m_in, m_out, N, l_b, l_n_outer, /*lda=*/l_panel, l_kernel);
         break;
       }
     }
@@ -367,7 +374,7 @@ class LinearState {
 
   const int64_t m_in, m_out;
   mutable std::mutex m_mutex;  // guards m_config, m_types
-  Config m_config;
+  Config m_config = default_config();
   std::tuple<PerType<float>, PerType<double>> m_types;
   std::map<decltype(std::declval<Bf16KernelShape>().key()), Bf16Fn> m_bf16_kernels;  // bf16 JIT kernels
   Bf16Path m_bf16_path = kFp32;
