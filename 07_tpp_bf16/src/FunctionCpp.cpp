@@ -1,7 +1,8 @@
 // Stage 07 of "From PyTorch to Machine Code": the linear layer in bfloat16 on LIBXSMM's kernels.
 //
 // What this stage teaches: the last step of the layer's way to the machine, low precision.
-// bfloat16 (bf16) is float32 with the low 16 bits cut off: the same 8-bit exponent (the same
+// bfloat16 (bf16) is the top 16 bits of a float32, rounded to nearest even from the full float32
+// (not cut off: rounding is what bounds the error at 2^-8): the same 8-bit exponent (the same
 // range), 8 bits of significand instead of 24 (about 2-3 decimal digits). CPUs with AVX512-BF16
 // multiply bf16 pairs at twice the float32 rate, and mixed-precision training runs on them.
 // What it takes to use them right:
@@ -10,9 +11,10 @@
 //   - fp32 accumulation and ONE rounding: products and sums in fp32, the output tile rounded
 //     to bf16 once at the end; the bias added in fp32 first, grad_bias summed in fp32;
 //   - the batch-reduce GEMM: one kernel call adds a whole k loop of blocks into one fp32 tile;
-//   - a run-time decision: LIBXSMM 1.17 generates bf16 kernels only for AVX512-BF16 CPUs. The
-//     layer asks once (bf16_kernels_available()) and otherwise takes a fallback that stays
-//     correct: bf16 converted to fp32, stage 06's fp32 kernels, one rounding at the end;
+//   - a run-time decision: LIBXSMM 1.17 generates bf16 kernels only for AVX-512 CPUs, native
+//     with AVX512-BF16 and emulated (slower than fp32) without. The layer asks once
+//     (bf16_kernels_native()) and otherwise takes the fp32 path, which stays correct: bf16
+//     converted to fp32, stage 06's fp32 kernels, one rounding at the end;
 //   - autocast like torch.nn.Linear (layer.py): float32 parameters, bf16 compute, float32 grads.
 //
 //   forward:   y           = x W^T + b          (N, in) x (in, out)  -> (N, out)
@@ -364,7 +366,9 @@ void grad_bias_tpp(const T* i_gy, T* o_gb, idx N, idx i_out) {
 //   kVnni, kReference  A packed VNNI-2 (vnni_gemm.h), B column-major with an even number of
 //                      rows, VnniGemm's loop nest; the kernel is LIBXSMM's (kVnni) or the plain
 //                      C++ reference (kReference)
-//   kFp32              the fallback for CPUs without bf16 kernels (AVX2 CPUs, Zen 3 and older):
+//   kFp32              the path for CPUs without native bf16 kernels (AVX2 CPUs such as Zen 3,
+//                      where LIBXSMM has none, and AVX-512 CPUs without AVX512-BF16, where its
+//                      bf16 kernels are emulated and slower than the fp32 ones):
 //                      the operands converted to fp32 once (exact: a bf16 is an fp32 with the
 //                      low 16 bits zero), section 5's fp32 products, the result rounded once.
 //                      Costs one pass over each operand, a few % of a large GEMM.

@@ -84,7 +84,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "bfloat16 GFLOP/s of an in-cache m x n x k bf16 kernel loop on every thread (needs bf16 kernels)",
         py::arg("m") = 64, py::arg("n") = 64, py::arg("k") = 64, py::arg("seconds") = 0.1);
   m.def("bf16_kernels_available", &bf16_kernels_available,
-        "True where LIBXSMM generates bf16 kernels (AVX512-BF16): new layers then take the \"vnni\" bf16 path");
+        "True where LIBXSMM generates bf16 kernels (AVX-512 CPUs; emulated without AVX512-BF16)");
+  m.def("bf16_kernels_native", &bf16_kernels_native,
+        "True where LIBXSMM's bf16 kernels run natively (AVX512-BF16): new layers then take the \"vnni\" bf16 path");
   m.def("pack_vnni2", &pack_vnni2_matrix, "A (M x K, bf16) packed VNNI-2 into panels of bm rows: (panels, K/2 rounded up, bm, 2)",
         py::arg("matrix"), py::arg("bm"));
   m.def("target_arch", [] { libxsmm_init(); return std::string(libxsmm_get_target_arch()); },

@@ -156,9 +156,11 @@ def peak_gflops(repeats: int = 3, seconds: float = 0.1) -> float:
 
 
 def bf16_path() -> str:
-    """The bf16 path a new Layer takes on this CPU: "vnni" where LIBXSMM generates bf16 kernels
-    (AVX512-BF16), else "fp32" (the fallback: fp32 kernels, one rounding)."""
-    return "vnni" if _C.bf16_kernels_available() else "fp32"
+    """The bf16 path a new Layer takes on this CPU: "vnni" where LIBXSMM's bf16 kernels run
+    natively (AVX512-BF16), else "fp32" (fp32 kernels, one rounding). On other AVX-512 CPUs the
+    bf16 kernels exist but are emulated, slower than fp32: ``layer.bf16_path = "vnni"`` still
+    selects them there."""
+    return "vnni" if _C.bf16_kernels_native() else "fp32"
 
 
 def peak_gflops_bf16(repeats: int = 3, seconds: float = 0.1):

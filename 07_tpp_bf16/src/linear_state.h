@@ -50,11 +50,14 @@ constexpr size_t kMaxPlans = 256;
 inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)
 
 // How a layer computes in bfloat16 (FunctionCpp.cpp, section 6):
-//   kVnni       LIBXSMM's bf16 batch-reduce kernels on VNNI-2 packed operands (AVX512-BF16 only)
+//   kVnni       LIBXSMM's bf16 batch-reduce kernels on VNNI-2 packed operands (AVX-512 only)
 //   kReference  the same packing and loop nest, reference_batch_reduce as the kernel (any CPU; slow)
 //   kFp32       the fallback: bf16 operands converted to fp32 once, stage 06's fp32 kernels,
 //               the result rounded to bf16 once
-// A new state takes kVnni where bf16_kernels_available(), else kFp32.
+// A new state takes kVnni where the bf16 kernels are native (bf16_kernels_native(): twice the
+// float32 rate), else kFp32: on AVX-512 CPUs without AVX512-BF16 LIBXSMM's bf16 kernels exist but
+// emulate the bf16 instructions, slower than the float32 kernels (README: which path, where).
+// kVnni can still be chosen wherever the kernels exist (set_bf16_path), and the tests run it.
 enum Bf16Path : int { kVnni = 0, kReference = 1, kFp32 = 2 };
 inline const char* const kBf16PathNames[] = {"vnni", "reference", "fp32"};
 
@@ -109,7 +112,7 @@ class LinearState {
     TORCH_CHECK(m_in >= 0 && m_out >= 0, "linear_tpp_bf16: expected in_features >= 0 and out_features >= 0, got ", m_in,
                 " and ", m_out);
     libxsmm_init();  // idempotent; sets LIBXSMM up for this CPU on the first call
-    m_bf16_path = bf16_kernels_available() ? kVnni : kFp32;
+    m_bf16_path = bf16_kernels_native() ? kVnni : kFp32;
     dispatch_batch_independent<float>();
     g_live_states++;
   }
@@ -154,7 +157,7 @@ class LinearState {
     TORCH_CHECK(l_path >= 0, "linear_tpp_bf16: expected the bf16 path \"vnni\", \"reference\" or \"fp32\", got \"", i_name, "\"");
     TORCH_CHECK(l_path != kVnni || bf16_kernels_available(), "linear_tpp_bf16: the bf16 path \"vnni\" needs LIBXSMM's bf16 "
                 "kernels, which this CPU does not get (LIBXSMM target ", libxsmm_get_target_arch(),
-                ", no AVX512-BF16): use \"reference\" or \"fp32\"");
+", no AVX-512): use \"reference\" or \"fp32\"");
     {
       std::lock_guard<std::mutex> l_lock(m_mutex);
       m_bf16_path = static_cast<Bf16Path>(l_path);

@@ -55,11 +55,12 @@ double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds) {
 
 // The machine's practical bf16 peak, as peak_gflops but with the bf16 batch-reduce kernel
 // (m x n x k, count 1, fp32 C) on VNNI-packed in-cache buffers. Raises where there are no bf16
-// kernels (a CPU without AVX512-BF16): there is no bf16 peak to measure then.
+// kernels (a CPU without AVX-512): there is no bf16 peak to measure then. On AVX-512 CPUs without
+// AVX512-BF16 it measures LIBXSMM's emulated bf16 kernels.
 double peak_gflops_bf16(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds) {
   libxsmm_init();
   TORCH_CHECK(bf16_kernels_available(), "linear_tpp_bf16: no bf16 kernels on this CPU (LIBXSMM target ",
-              libxsmm_get_target_arch(), ", no AVX512-BF16): no bf16 peak to probe");
+              libxsmm_get_target_arch(), ", no AVX-512): no bf16 peak to probe");
   TORCH_CHECK(i_k % 2 == 0, "linear_tpp_bf16: the bf16 peak probe needs an even k, got ", i_k);
   const Bf16Fn l_kernel = dispatch_bf16_kernel(Bf16KernelShape{i_m, i_n, i_k, i_m, i_k, i_m, i_m * i_k, i_k * i_n});
   const int l_threads = at::get_num_threads();

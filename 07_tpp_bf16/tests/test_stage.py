@@ -1,7 +1,8 @@
 """Stage 07's tests: stage 06's contracts for float32 and float64 (the Layer stays a drop-in for
 torch.nn.Linear), and what is new: bfloat16 through the shared bf16 and autocast checks
 (common/eml/common/bf16_checks.py) on every bf16 path this CPU can run: the default path (the
-VNNI kernels where LIBXSMM has bf16 kernels, else the fp32 fallback) and the "reference" path,
+VNNI kernels where they are native, else the fp32 path), the "vnni" path wherever LIBXSMM
+generates bf16 kernels (any AVX-512 CPU, native or emulated), and the "reference" path,
 which runs the VNNI-2 packing, the bf16 loop nest, fp32 accumulation and the one rounding with a
 plain C++ micro-kernel in place of the JIT one, also with tiny blocks so that every tail runs;
 the VNNI-2 layout against a Python reference; the bf16 path as a property of the state; the
@@ -108,7 +109,7 @@ def reference_path_tiny_block_layer(*args, **kwargs):
 
 
 class TestBf16(Bf16LayerTests):
-    """The default bf16 path: VNNI kernels where this CPU has bf16 kernels, else the fp32 fallback."""
+    """The default bf16 path: VNNI kernels where they are native, else the fp32 path."""
 
     make_layer = staticmethod(Layer)
 
@@ -117,13 +118,33 @@ class TestBf16ReferencePath(Bf16LayerTests):
     make_layer = staticmethod(reference_path_layer)
 
 
+def vnni_path_layer(*args, **kwargs):
+    """A Layer on LIBXSMM's bf16 kernels, whether or not they are this CPU's default."""
+    layer = Layer(*args, **kwargs)
+    layer.bf16_path = "vnni"
+    return layer
+
+
+@pytest.mark.skipif(not _C.bf16_kernels_available(), reason="LIBXSMM generates no bf16 kernels for this CPU (AVX2)")
+class TestBf16VnniPath(Bf16LayerTests):
+    """The VNNI kernels on any AVX-512 CPU: native with AVX512-BF16, emulated without."""
+
+    make_layer = staticmethod(vnni_path_layer)
+
+
 class TestBf16ReferencePathTinyBlocks(Bf16LayerTests):
     """Tiny blocks: every tail kernel, odd k padded to a pair, several batch-reduce blocks."""
 
     make_layer = staticmethod(reference_path_tiny_block_layer)
 
 
-@pytest.mark.parametrize("path", ["fp32", "reference"])
+# Every bf16 path this CPU can run: "vnni" wherever LIBXSMM generates bf16 kernels, native or
+# emulated (any AVX-512 CPU), even where it is not the default path.
+VNNI = pytest.param("vnni", marks=pytest.mark.skipif(not _C.bf16_kernels_available(),
+                                                      reason="LIBXSMM generates no bf16 kernels for this CPU (AVX2)"))
+
+
+@pytest.mark.parametrize("path", ["fp32", "reference", VNNI])
 @pytest.mark.parametrize("case", AWKWARD, ids=str)
 def test_bf16_paths_on_awkward_shapes(case, path):
     """Output and gradients straight from the extension against torch's float64 products of the
@@ -186,7 +207,12 @@ def test_pack_vnni2_refuses_bad_input():
 
 # -- the bf16 path: chosen at run time, a property of the state --------------------------------
 def test_default_path_follows_the_cpu():
-    assert bf16_path() == ("vnni" if _C.bf16_kernels_available() else "fp32")
+    # "vnni" only where the bf16 kernels are native: LIBXSMM's emulated ones (AVX-512 without
+    # AVX512-BF16) are slower than the fp32 path, and AVX2 gets none.
+    assert bf16_path() == ("vnni" if _C.bf16_kernels_native() else "fp32")
+    assert not _C.bf16_kernels_native() or _C.bf16_kernels_available()
+    if _C.target_arch() == "hsw":
+        assert not _C.bf16_kernels_available(), "LIBXSMM 1.17 generates no bf16 kernels for AVX2"
     layer = Layer(5, 3)
     assert layer.bf16_path == layer.state.bf16_path == bf16_path()
     assert f"bf16_path={bf16_path()}" in repr(layer.state)
@@ -196,7 +222,7 @@ def test_bf16_path_refuses_what_cannot_run():
     state = _C.LinearState(5, 3)
     expect_error(lambda: setattr(state, "bf16_path", "fast"), r"^linear_tpp_bf16: ", r"vnni", r"reference", r"fp32", r'"fast"')
     if not _C.bf16_kernels_available():
-        expect_error(lambda: setattr(state, "bf16_path", "vnni"), r"^linear_tpp_bf16: ", r"vnni", r"AVX512-BF16",
+        expect_error(lambda: setattr(state, "bf16_path", "vnni"), r"^linear_tpp_bf16: ", r"vnni", r"no AVX-512",
                      re.escape(_C.target_arch()))
         assert state.bf16_path == "fp32", "unchanged after a refusal"
 
