@@ -146,8 +146,7 @@ def products(shapes, rounds):
 
 
 # (bm, bn, bk) candidates for --blockings; bk 0 = the whole K in one step.
-CANDIDATE_BLOCKINGS = [(64, 64, 0), (64, 64, 64), (64, 64, 128), (32, 128, 128), (32, 256, 128), (32, 128, 256),
-                       (64, 128, 128)]
+CANDIDATE_BLOCKINGS = [(64, 64, 0), (64, 64, 128), (32, 128, 128), (64, 128, 128), (32, 256, 128), (32, 128, 256)]
 
 
 def blockings(shapes, rounds):

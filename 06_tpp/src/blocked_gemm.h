@@ -4,10 +4,10 @@
 // over K in bk-deep steps, one kernel call per step; at::parallel_for spreads the tiles over
 // the threads. Every kernel call reads and writes contiguous blocks, as the peak probe does:
 //   - A is packed by the caller into panels (bm x K, column-major, lda = bm) before the loop;
-//   - B is packed by each thread into its own buffer, one column block (K x bn) at a time, and
-//     reused for every tile of that column block;
-//   - each tile is accumulated in a bm x bn buffer of the thread's own (ldc = bm), then stored
-//     into C once, the bias added on the way.
+//   - B is packed by each thread into its own buffer, one column block at a time, in chunks of
+//     k steps small enough to stay in L2, and reused for every tile of that column block;
+//   - each tile is accumulated in a bm x bn buffer of the thread's own (ldc = bm) over a chunk,
+//     then stored into C (the first chunk, the bias added on the way) or added to it (the rest).
 // Nothing here knows about the layer: linear_state.h builds one BlockedGemm per product and
 // batch size (a plan), FunctionCpp.cpp runs them. The picture of the loop nest is at the top of
 // FunctionCpp.cpp.
@@ -67,7 +67,7 @@ struct BlockedGemm {
           for (int l_beta0 = 0; l_beta0 < 2; l_beta0++) {
             // A tail of full size is no variant of its own: its slot gets the full kernel.
             const int l_m = l_tm && l_size_m[1] != bm, l_n = l_tn && l_size_n[1] != bn, l_k = l_tk && l_size_k[1] != bk;
-            if (!l_beta0 && nK == 1) continue;  // one k step: only C = A B is ever called
+            if (!l_beta0 && std::min(nK, chunk_steps()) == 1) continue;  // one k step a chunk: only C = A B
             kernels[l_tm][l_tn][l_tk][l_beta0] =
                 i_kernel(KernelShape{l_size_m[l_m], l_size_n[l_n], l_size_k[l_k], i_lda, /*ldb=*/bk, /*ldc=*/bm,
                                      l_beta0 ? LIBXSMM_GEMM_FLAG_BETA_0 : 0});
@@ -81,44 +81,57 @@ struct BlockedGemm {
   idx columns(idx i_nb) const { return std::min(bn, N - i_nb * bn); }  // columns of column block nb
   idx depth(idx i_kb) const { return std::min(bk, K - i_kb * bk); }    // k of k step kb
 
-  // Elements of one thread's buffer for a packed B column block: nK blocks of bk x bn.
-  idx packed_b_size() const { return nK * bk * bn; }
+  // B is packed one chunk of k steps at a time, so that the chunk stays in L2 while every row
+  // tile of the column block runs over it (GotoBLAS's kc loop): about 256 KB of B per chunk.
+  static constexpr idx kChunkBytes = 256 * 1024;
+  idx chunk_steps() const { return std::max<idx>(1, kChunkBytes / idx(bk * bn * sizeof(T))); }
 
   // Runs every tile. The callables:
-  //   a(mb, kb)                A block of k step kb: bm x bk, column-major, lda as planned;
-  //   pack_b(mb, nb, buffer)   writes column block nb of B into the thread's buffer: block kb
-  //                            at buffer + kb * bk * bn, column-major (bk x bn), ldb = bk. mb is
-  //                            the tile that asked: exactly one pack per column block has mb == 0
-  //                            (a caller may do once-per-column work there, as grad_bias);
-  //   store(mb, nb, tile)      writes the finished tile (rows(mb) x columns(nb), ld bm) into C.
+  //   a(mb, kb)                      A block of k step kb: bm x bk, column-major, lda as planned;
+  //   pack_b(mb, nb, kb0, kb1, buf)  writes k steps kb0 .. kb1-1 of column block nb of B into the
+  //                                  thread's buffer: step kb at buf + (kb - kb0) * bk * bn,
+  //                                  column-major (bk x bn), ldb = bk. mb is the first tile of the
+  //                                  run that asked: exactly one run per column block starts at
+  //                                  mb == 0 (a caller may do once-per-column work there, as
+  //                                  grad_bias), and it packs kb0 = 0 first;
+  //   store(mb, nb, tile, add)       writes the tile (rows(mb) x columns(nb), ld bm) into C, or
+  //                                  adds it to what an earlier chunk stored (add = true).
   template <typename BlockA, typename PackB, typename Store>
   void run(BlockA&& a, PackB&& pack_b, Store&& store) const {
     if (M == 0 || N == 0) return;
     at::parallel_for(/*begin=*/0, /*end=*/nM * nN, /*grain_size=*/1, [&](idx i_first, idx i_last) {
-      // This thread's B column block and C tile: uninitialised, 64-byte aligned (at::empty).
+      // This thread's B chunk and C tile: uninitialised, 64-byte aligned (at::empty).
+      const idx l_steps = chunk_steps();
       const auto l_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value);
-      const at::Tensor l_b_buffer = at::empty({K == 0 ? 0 : packed_b_size()}, l_options);
+      const at::Tensor l_b_buffer = at::empty({K == 0 ? 0 : std::min(l_steps, nK) * bk * bn}, l_options);
       const at::Tensor l_tile_buffer = at::empty({bm * bn}, l_options);
       T* l_b = l_b_buffer.mutable_data_ptr<T>();
       T* l_tile = l_tile_buffer.mutable_data_ptr<T>();
-      idx l_packed_nb = -1;  // the column block l_b holds
-      for (idx l_tile_index = i_first; l_tile_index < i_last; l_tile_index++) {
-        const idx l_mb = n_outer ? l_tile_index % nM : l_tile_index / nN;
-        const idx l_nb = n_outer ? l_tile_index / nM : l_tile_index % nN;
+      auto l_mb = [&](idx i_tile) { return n_outer ? i_tile % nM : i_tile / nN; };
+      auto l_nb = [&](idx i_tile) { return n_outer ? i_tile / nM : i_tile % nN; };
+      for (idx l_run = i_first; l_run < i_last;) {
+        // A run: this thread's consecutive tiles of one column block (one tile in row order).
+        const idx l_col = l_nb(l_run);
+        idx l_run_end = l_run + 1;
+        while (l_run_end < i_last && l_nb(l_run_end) == l_col) l_run_end++;
         if (K == 0) {  // an empty sum: C = 0 (plus the bias, which store adds)
           std::fill_n(l_tile, bm * bn, T(0));
-          store(l_mb, l_nb, l_tile);
-          continue;
+          for (idx l_t = l_run; l_t < l_run_end; l_t++) store(l_mb(l_t), l_col, l_tile, /*add=*/false);
         }
-        if (l_nb != l_packed_nb) {  // column-block order: once per column block and thread
-          pack_b(l_mb, l_nb, l_b);
-          l_packed_nb = l_nb;
+        for (idx l_kb0 = 0; l_kb0 < nK; l_kb0 += l_steps) {  // the chunks of k steps
+          const idx l_kb1 = std::min(nK, l_kb0 + l_steps);
+          pack_b(l_mb(l_run), l_col, l_kb0, l_kb1, l_b);
+          for (idx l_t = l_run; l_t < l_run_end; l_t++) {
+            const idx l_row = l_mb(l_t);
+            const int l_tm = l_row == nM - 1, l_tn = l_col == nN - 1;  // last blocks: the tail slots
+            for (idx l_kb = l_kb0; l_kb < l_kb1; l_kb++) {
+              kernels[l_tm][l_tn][l_kb == nK - 1][/*beta0=*/l_kb == l_kb0](a(l_row, l_kb), l_b + (l_kb - l_kb0) * bk * bn,
+                                                                          l_tile);
+            }
+            store(l_row, l_col, l_tile, /*add=*/l_kb0 > 0);
+          }
         }
-        const int l_tm = l_mb == nM - 1, l_tn = l_nb == nN - 1;  // last blocks: the tail slots
-        for (idx l_kb = 0; l_kb < nK; l_kb++) {
-          kernels[l_tm][l_tn][l_kb == nK - 1][/*beta0=*/l_kb == 0](a(l_mb, l_kb), l_b + l_kb * bk * bn, l_tile);
-        }
-        store(l_mb, l_nb, l_tile);
+        l_run = l_run_end;
       }
     });
   }

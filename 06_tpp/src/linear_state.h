@@ -23,11 +23,11 @@ namespace linear_tpp {
 // The blocking of the three products (bm, bn, bk) and their tile order, per instruction set:
 // AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
 // so the best tile differs. Chosen by timing candidate blockings with `benchmark.py --blockings`
-// (README: the training step): on AVX2 (Zen 3) 32 x 256 tiles in 128-deep k steps, within a few
-// points of the best for every product and shape tried; on AVX-512 the 64 x 64 x 64-class tile of
-// the peak probe, in 128-deep steps (not re-timed since the per-thread packing: run the sweep).
+// (README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 128-deep k steps, the best sum
+// over the three products and four large shapes; on AVX-512 the 64 x 64 tile of the peak probe,
+// in 128-deep steps (not re-timed since the per-thread packing: run the sweep there).
 struct Config {
-  Blocking blocking[3] = {/*forward=*/{32, 256, 128}, /*grad_input=*/{32, 256, 128}, /*grad_weight=*/{32, 256, 128}};
+  Blocking blocking[3] = {/*forward=*/{64, 128, 128}, /*grad_input=*/{64, 128, 128}, /*grad_weight=*/{64, 128, 128}};
   bool n_outer[3] = {true, true, true};  // column blocks outermost: a thread packs each B block once
 };
 

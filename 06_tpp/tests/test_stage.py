@@ -137,6 +137,19 @@ def test_every_tail_kernel_runs(case, dtype, n_outer):
         assert state.kernels == 2 + 3 * 16
 
 
+@pytest.mark.parametrize("n_outer", [(False, False, False), (True, True, True)], ids=["rows-first", "columns-first"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", [Case((300,), 601, 259), Case((2, 150), 513, 7)], ids=str)
+def test_chunks_of_k_steps_add_up(case, dtype, n_outer):
+    """B is packed in chunks of k steps of at most 256 KB; a 256 x 256 block is a chunk of its
+    own, so every k step after the first adds its tile into C (and, in grad_weight, into the
+    fused grad_bias): several chunks and a tail in every product."""
+    state = _C.LinearState(case.in_features, case.out_features)
+    state.set_config([7, 256, 256], [7, 256, 256], [7, 256, 256], n_outer=list(n_outer))
+    check_everything(case, dtype, state, bias=True)
+    check_everything(case, dtype, state, bias=False)
+
+
 def test_set_config_refuses_bad_blocks():
     state = _C.LinearState(4, 3)
     expect_error(lambda: state.set_config([0, 2, 2], [2, 2, 2], [2, 2, 2], [False] * 3), r"^linear_tpp: ", r"forward", r"bm >= 1", r"\[0, 2, 2\]")

@@ -208,17 +208,19 @@ torch::Tensor unflatten_like(const torch::Tensor& i_tensor_2d, const torch::Tens
 
 // ---- 5. The three products and the bias gradient, on raw pointers ------------------
 
-// B packing. Each thread copies one column block of B (columns nb*bn ..) into its buffer, in
-// k steps: block kb is the column-major (bk x bn) slab at buffer + kb*bk*bn, ldb = bk, so the
-// kernel reads it contiguously however far apart the columns lie in memory.
+// B packing. Each thread copies a chunk of k steps kb0 .. kb1-1 of one column block of B
+// (columns nb*bn ..) into its buffer: step kb is the column-major (bk x bn) slab at
+// buffer + (kb-kb0)*bk*bn, ldb = bk, so the kernel reads it contiguously however far apart the
+// columns lie in memory.
 
 // B's column j is a row of a row-major matrix (the forward's x, grad_input's gy: B = x^T, gy^T):
 // each slab column is a memcpy of a piece of that row.
 template <typename T>
-void pack_b_rows(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_src, idx i_nb, T* o_buffer) {
+void pack_b_rows(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_src, idx i_nb, idx i_kb0, idx i_kb1,
+                 T* o_buffer) {
   const idx l_columns = i_gemm.columns(i_nb);
-  for (idx l_kb = 0; l_kb < i_gemm.nK; l_kb++) {
-    T* l_slab = o_buffer + l_kb * i_gemm.bk * i_gemm.bn;
+  for (idx l_kb = i_kb0; l_kb < i_kb1; l_kb++) {
+    T* l_slab = o_buffer + (l_kb - i_kb0) * i_gemm.bk * i_gemm.bn;
     const idx l_depth = i_gemm.depth(l_kb);
     for (idx l_j = 0; l_j < l_columns; l_j++) {
       std::memcpy(l_slab + l_j * i_gemm.bk, i_src + (i_nb * i_gemm.bn + l_j) * i_ld_src + l_kb * i_gemm.bk,
@@ -228,15 +230,16 @@ void pack_b_rows(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_src, idx
 }
 
 // B's k runs down the rows of a row-major matrix (grad_weight's gy: B = gy, N x out): each slab
-// is a transposed (bk x bn) block of it. With o_column_sums, the same pass sums each column of
-// the block into o_column_sums[j] (grad_bias, fused: gy is read once for both).
+// is a transposed (bk x bn) block of it. With o_column_sums, the same pass adds each column of
+// the block into o_column_sums[j] (grad_bias, fused: gy is read once for both; zeroed by the
+// first chunk, kb0 = 0).
 template <typename T>
-void pack_b_transposed(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_src, idx i_nb, T* o_buffer,
-                       T* o_column_sums) {
+void pack_b_transposed(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_src, idx i_nb, idx i_kb0, idx i_kb1,
+                       T* o_buffer, T* o_column_sums) {
   const idx l_columns = i_gemm.columns(i_nb);
-  if (o_column_sums != nullptr) std::fill_n(o_column_sums, l_columns, T(0));
-  for (idx l_kb = 0; l_kb < i_gemm.nK; l_kb++) {
-    T* l_slab = o_buffer + l_kb * i_gemm.bk * i_gemm.bn;
+  if (o_column_sums != nullptr && i_kb0 == 0) std::fill_n(o_column_sums, l_columns, T(0));
+  for (idx l_kb = i_kb0; l_kb < i_kb1; l_kb++) {
+    T* l_slab = o_buffer + (l_kb - i_kb0) * i_gemm.bk * i_gemm.bn;
     const idx l_depth = i_gemm.depth(l_kb);
     const T* l_block = i_src + l_kb * i_gemm.bk * i_ld_src + i_nb * i_gemm.bn;  // rows kb*bk.., columns nb*bn..
     // the block (depth rows x columns, row-major, ld i_ld_src) is the column-major (columns x
@@ -253,10 +256,11 @@ void pack_b_transposed(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_sr
   }
 }
 
-// Stores a finished tile (rows x columns, ld bm) into a column-major C (ld i_ldc), adding
-// i_bias[row] to every column when a bias is given (the forward's, fused into the store).
+// Stores a tile (rows x columns, ld bm) into a column-major C (ld i_ldc), adding i_bias[row] to
+// every column when a bias is given (the forward's, fused into the store); with i_add, adds the
+// tile to what the earlier chunks of k steps stored there.
 template <typename T>
-void store_tile(const BlockedGemm<T>& i_gemm, idx i_mb, idx i_nb, const T* i_tile, T* o_c, idx i_ldc,
+void store_tile(const BlockedGemm<T>& i_gemm, idx i_mb, idx i_nb, const T* i_tile, bool i_add, T* o_c, idx i_ldc,
                 const T* i_bias) {
   const idx l_rows = i_gemm.rows(i_mb), l_columns = i_gemm.columns(i_nb);
   T* l_c = o_c + i_nb * i_gemm.bn * i_ldc + i_mb * i_gemm.bm;
@@ -264,7 +268,9 @@ void store_tile(const BlockedGemm<T>& i_gemm, idx i_mb, idx i_nb, const T* i_til
   for (idx l_j = 0; l_j < l_columns; l_j++) {
     const T* l_from = i_tile + l_j * i_gemm.bm;
     T* l_to = l_c + l_j * i_ldc;
-    if (l_bias == nullptr) {
+    if (i_add) {
+      for (idx l_i = 0; l_i < l_rows; l_i++) l_to[l_i] += l_from[l_i];
+    } else if (l_bias == nullptr) {
       std::memcpy(l_to, l_from, l_rows * sizeof(T));
     } else {
       for (idx l_i = 0; l_i < l_rows; l_i++) l_to[l_i] = l_from[l_i] + l_bias[l_i];
@@ -287,9 +293,9 @@ void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, const at::Te
       // A block (mb, kb): panel mb, from row kb*bk of its column-major (bm x in) layout
       [&](idx mb, idx kb) { return l_panels + mb * bm * i_in + kb * bk * bm; },
       // B = x^T: column j of x^T is row j of x
-      [&](idx, idx nb, T* o_buffer) { pack_b_rows(l_gemm, i_x, /*ld_src=*/i_in, nb, o_buffer); },
+      [&](idx, idx nb, idx kb0, idx kb1, T* o_buffer) { pack_b_rows(l_gemm, i_x, /*ld_src=*/i_in, nb, kb0, kb1, o_buffer); },
       // C = y^T: column j of y^T is row j of y; the bias added to every column on the way
-      [&](idx mb, idx nb, const T* tile) { store_tile(l_gemm, mb, nb, tile, o_y, /*ldc=*/i_out, i_b); });
+      [&](idx mb, idx nb, const T* tile, bool add) { store_tile(l_gemm, mb, nb, tile, add, o_y, /*ldc=*/i_out, i_b); });
 }
 
 // The backward's A operands, packed like the forward's W (see "The training step" in the
@@ -324,13 +330,17 @@ void grad_input_tpp(LinearState& io_state, const T* i_gy, const T* i_w, T* o_gx,
   const at::Tensor l_panels = pack_column_panels(i_w, /*rows=*/i_out, /*cols=*/i_in, bm);  // W^T, (in x out) in panels
   const T* l_a = l_panels.const_data_ptr<T>();
   l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * i_out + kb * bk * bm; },  // panel mb, k step kb
-             [&](idx, idx nb, T* o_buffer) { pack_b_rows(l_gemm, i_gy, /*ld_src=*/i_out, nb, o_buffer); },  // gy^T
-             [&](idx mb, idx nb, const T* tile) { store_tile(l_gemm, mb, nb, tile, o_gx, /*ldc=*/i_in, (const T*)nullptr); });
+             [&](idx, idx nb, idx kb0, idx kb1, T* o_buffer) {  // B = gy^T: column j is row j of gy
+               pack_b_rows(l_gemm, i_gy, /*ld_src=*/i_out, nb, kb0, kb1, o_buffer);
+             },
+             [&](idx mb, idx nb, const T* tile, bool add) {
+               store_tile(l_gemm, mb, nb, tile, add, o_gx, /*ldc=*/i_in, (const T*)nullptr);
+             });
 }
 
 // gw (out, in) = gy^T (out, N) x (N, in): gw^T = x^T . gy; x^T packed into panels, gy transposed
 // per thread, block by block. With o_gb, grad_bias (the column sums of gy) comes out of the same
-// pass over gy: the pack of column block nb for the tile in row block 0 sums it, exactly once.
+// pass over gy: the packs of column block nb for the run of tiles from row block 0 sum it, once.
 // Returns false when it could not (no tiles: in == 0 or an empty batch); the caller then sums.
 template <typename T>
 bool grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw, T* o_gb, idx N, idx i_in, idx i_out) {
@@ -341,11 +351,13 @@ bool grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw
   const at::Tensor l_panels = pack_column_panels(i_x, /*rows=*/N, /*cols=*/i_in, bm);  // x^T, (in x N) in panels
   const T* l_a = l_panels.const_data_ptr<T>();
   l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * N + kb * bk * bm; },  // panel mb, k step kb
-             [&](idx mb, idx nb, T* o_buffer) {
+             [&](idx mb, idx nb, idx kb0, idx kb1, T* o_buffer) {
                T* l_sums = (o_gb != nullptr && mb == 0) ? o_gb + nb * l_gemm.bn : nullptr;
-               pack_b_transposed(l_gemm, i_gy, /*ld_src=*/i_out, nb, o_buffer, l_sums);
+               pack_b_transposed(l_gemm, i_gy, /*ld_src=*/i_out, nb, kb0, kb1, o_buffer, l_sums);
              },
-             [&](idx mb, idx nb, const T* tile) { store_tile(l_gemm, mb, nb, tile, o_gw, /*ldc=*/i_in, (const T*)nullptr); });
+             [&](idx mb, idx nb, const T* tile, bool add) {
+               store_tile(l_gemm, mb, nb, tile, add, o_gw, /*ldc=*/i_in, (const T*)nullptr);
+             });
   return N > 0;
 }
 

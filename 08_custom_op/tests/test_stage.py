@@ -77,6 +77,16 @@ def test_awkward_shapes_match_torch(case, dtype, bias):
     assert_results_close(everything(ops_module, input, weight, bias_tensor, grad_output), want, case, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_long_reductions_add_up_in_chunks(dtype):
+    """K of about 1000 in every product: more k steps than one 256 KB chunk of packed B holds
+    with the default blocking, so later chunks add their tiles into C (and into grad_bias)."""
+    case = Case((1031,), 1037, 1033)
+    input, weight, bias, grad_output = tensors(case, dtype)
+    want = [F.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
+    assert_results_close(everything(ops_module, input, weight, bias, grad_output), want, case, dtype)
+
+
 # -- opcheck: every op, the shared samples, float32, float64 and bfloat16, with and without grad --
 def test_opcheck_linear_on_the_shared_samples():
     counts = op_checks.opcheck_all(ops.linear.default, op_checks.linear_samples())
