@@ -110,9 +110,10 @@ def opcheck_all(op, samples, test_utils=OPCHECK_TESTS):
 
 
 # ---- torch.compile ------------------------------------------------------------------------
-def mlp(make_layer, sizes=(16, 33, 9, 5), dtype=torch.float32, seed=0):
-    """Linear - ReLU - Linear - GELU - Linear ... on ``make_layer(in, out)`` layers, with the
-    weights of the same MLP built from torch.nn.Linear (seeded), so two MLPs compare exactly."""
+def mlp(make_layer, sizes=(16, 33, 9, 5), dtype=torch.float32, seed=0, activations=(torch.nn.ReLU, torch.nn.GELU)):
+    """Linear - ReLU - Linear - GELU - Linear ... on ``make_layer(in, out)`` layers (the
+    activations between layers cycle through ``activations``), with the weights of the same MLP
+    built from torch.nn.Linear (seeded), so two MLPs compare exactly."""
     torch.manual_seed(seed)
     modules = []
     for index, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -121,7 +122,7 @@ def mlp(make_layer, sizes=(16, 33, 9, 5), dtype=torch.float32, seed=0):
         layer.load_state_dict(reference.state_dict())
         modules.append(layer)
         if index < len(sizes) - 2:
-            modules.append(torch.nn.ReLU() if index % 2 == 0 else torch.nn.GELU())
+            modules.append(activations[index % len(activations)]())
     return torch.nn.Sequential(*modules).to(dtype)
 
 
