@@ -391,8 +391,9 @@ std::optional<torch::Tensor> to_float(const std::optional<torch::Tensor>& i_tens
 
 // ---- 6. The functions the operators run (bindings.cpp registers them) ------------------
 //
-// bfloat16: LIBXSMM 1.17 generates bfloat16 GEMMs only for CPUs with AVX512-BF16 (and with the
-// A operand in VNNI pairs: stage 07). This stage runs everywhere instead: bfloat16 operands are
+// bfloat16: LIBXSMM 1.17 generates bfloat16 GEMMs only for AVX-512 CPUs, native with AVX512-BF16
+// and emulated (slower than its float32 kernels) without, and only with the A operand in VNNI
+// pairs (stage 07). This stage runs everywhere instead: bfloat16 operands are
 // widened to float32, the float32 kernels run, and each result is rounded to bfloat16 once
 // (grad_bias is summed in float32 too). A VNNI path would slot in at the two `kBFloat16` tests
 // below; README, "bfloat16", says what it would buy.
