@@ -80,7 +80,8 @@ def test_awkward_shapes_match_torch(case, dtype, bias):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_long_reductions_add_up_in_chunks(dtype):
     """K of about 1000 in every product: more k steps than one 256 KB chunk of packed B holds
-    with the default blocking, so later chunks add their tiles into C (and into grad_bias)."""
+    with the default blocking, so later chunks add their tiles into C. (grad_bias is an op of
+    its own here, a plain column sum: 06 and 07 test its fusion into grad_weight.)"""
     case = Case((1031,), 1037, 1033)
     input, weight, bias, grad_output = tensors(case, dtype)
     want = [F.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
