@@ -24,7 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("in_features", &LinearState::in_features)
       .def_property_readonly("out_features", &LinearState::out_features)
       .def("set_config", &LinearState::set_config,
-           "Blocking (bm, bn, bk) of forward, grad_input and grad_weight (bk 0: automatic) and their tile orders",
+           "Blocking (bm, bn, bk) of forward, grad_input and grad_weight (bk 0: the whole K) and their tile orders",
            py::arg("forward"), py::arg("grad_input"), py::arg("grad_weight"), py::arg("n_outer"))
       .def_property_readonly("config", &LinearState::config, "(forward, grad_input, grad_weight, n_outer)")
       .def("invalidate", &LinearState::invalidate, "Forget the packed weight (after writing W through .data)")

@@ -104,10 +104,11 @@ struct BlockedGemm {
   //   a(mb, kb)                      A block of k step kb: bm x bk, column-major, lda as planned;
   //   pack_b(mb, nb, kb0, kb1, buf)  writes k steps kb0 .. kb1-1 of column block nb of B into the
   //                                  thread's buffer: step kb at buf + (kb - kb0) * bk * bn,
-  //                                  column-major (bk x bn), ldb = bk. mb is the first tile of the
-  //                                  run that asked: exactly one run per column block starts at
-  //                                  mb == 0 (a caller may do once-per-column work there, as
-  //                                  grad_bias), and it packs kb0 = 0 first;
+  //                                  column-major (bk x bn), ldb = bk. mb is the row block of the
+  //                                  first tile of the run that asked: exactly one run per
+  //                                  column block starts at mb == 0 (a caller may do once-per-
+  //                                  column work there, as grad_bias), and it packs kb0 = 0
+  //                                  first. Never called when K == 0;
   //   store(mb, nb, tile, add)       writes the tile (rows(mb) x columns(nb), ld bm) into C, or
   //                                  adds it to what an earlier chunk stored (add = true).
   template <typename BlockA, typename PackB, typename Store>
@@ -124,7 +125,8 @@ struct BlockedGemm {
       auto l_mb = [&](idx i_tile) { return n_outer ? i_tile % nM : i_tile / nN; };
       auto l_nb = [&](idx i_tile) { return n_outer ? i_tile / nM : i_tile % nN; };
       for (idx l_run = i_first; l_run < i_last;) {
-        // A run: this thread's consecutive tiles of one column block (one tile in row order).
+        // A run: this thread's consecutive tiles of one column block (in row-block order, one
+        // tile unless the product has a single column block).
         const idx l_col = l_nb(l_run);
         idx l_run_end = l_run + 1;
         while (l_run_end < i_last && l_nb(l_run_end) == l_col) l_run_end++;

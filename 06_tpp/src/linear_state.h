@@ -83,7 +83,7 @@ class LinearState {
   int64_t out_features() const { return m_out; }
 
   // Replaces the blocking (tests force tiny blocks so that every tail kernel runs).
-  // Each block is (bm, bn, bk); bk = 0 is automatic. Drops the plans and the packed weight.
+  // Each block is (bm, bn, bk); bk = 0: the whole K in one step. Drops the plans and the packed weight.
   void set_config(const std::vector<int64_t>& i_forward, const std::vector<int64_t>& i_grad_input,
                   const std::vector<int64_t>& i_grad_weight, const std::vector<bool>& i_n_outer) {
     const std::vector<int64_t>* l_blocks[] = {&i_forward, &i_grad_input, &i_grad_weight};

@@ -45,20 +45,22 @@
 //
 // LIBXSMM's kernels are column-major: element (i, j) of A lives at a[i + j * lda]. A row-major
 // PyTorch matrix R (r x c) is, in the same memory, the column-major matrix R^T (c x r). So each
-// product is computed on the transposed views, and the operands are read where they lie:
+// product is computed on the transposed views, the operands addressed where they lie, then copied:
 //
-//   product      row-major (PyTorch)   column-major (LIBXSMM)      A                  B
-//   forward      y  = x W^T            y^T  = W   . x^T            W, packed (below)  x as stored
-//   grad_input   gx = gy W             gx^T = W^T . gy^T           W^T, packed        gy as stored
-//   grad_weight  gw = gy^T x           gw^T = x^T . gy             x^T, packed        gy, transposed once
+//   product      row-major (PyTorch)   column-major (LIBXSMM)      A, packed once     B, packed per thread
+//   forward      y  = x W^T            y^T  = W   . x^T            W (below)          rows of x
+//   grad_input   gx = gy W             gx^T = W^T . gy^T           W^T                rows of gy
+//   grad_weight  gw = gy^T x           gw^T = x^T . gy             x^T                blocks of gy, transposed
 //
 // The forward's A is not where it should be: the kernel wants W (out x in) column-major,
 // memory holds W^T. LIBXSMM 1.17 has no TRANS_A (it returns NULL for it), so W is transposed
 // once into panels, the packed weight, and reused while W is unchanged (the pack cache, linear_state.h).
 // The backward's A operands (W^T, x^T) could be read where they lie, but their columns would be
 // `in` floats apart, a multiple of 4 KB: each k step's columns would fight over a few L1 sets.
-// So they are copied into contiguous panels too (pack_column_panels, one memcpy per row), and
-// grad_weight's gy is transposed once instead of read with TRANS_B (README: the training step).
+// So they are copied into contiguous panels too (pack_column_panels, one memcpy per row). The B
+// operands and the C tiles have the same problem, so each thread packs its B blocks and
+// accumulates its C tile in buffers of its own (blocked_gemm.h; README: the training step);
+// grad_weight's gy is transposed block by block on the way, and grad_bias summed in that pass.
 // grad_weight's reduction runs over the batch N (the kernel's k), so no two threads ever add
 // into the same tile.
 //
@@ -66,16 +68,18 @@
 //
 //               n: bn-wide blocks (N: the batch for forward and grad_input)
 //             +--------+--------+--------+----+
-//   m:        | (0, 0) | (0, 1) | (0, 2) |    |   C tile (mb, nb), bm x bn: one thread owns it,
-//   bm-high   +--------+--------+--------+----+     for kb in 0 .. nK-1:                (k steps)
-//   blocks    | (1, 0) | (1, 1) |  ...   |    |       C(mb, nb) (+)= A(mb, kb) . B(kb, nb)
-//             +--------+--------+--------+----+     the first step with beta = 0 (C = A B), the
-//             |  tail row: the last block is  |     others beta = 1 (C += A B); with a bias the
-//             +--- smaller, and so its kernel +     tile is pre-filled with b and every step adds
-//                                 ^ tail column
+//   m:        | (0, 0) | (0, 1) | (0, 2) |    |   C tile (mb, nb), bm x bn: one thread owns it.
+//   bm-high   +--------+--------+--------+----+   A run: a thread's tiles of one column block nb.
+//   blocks    | (1, 0) | (1, 1) |  ...   |    |   for each chunk of k steps (<= 256 KB of B):
+//             +--------+--------+--------+----+     pack B(chunk, nb) into the thread's buffer
+//             |  tail row: the last block is  |     for each tile of the run:
+//             +--- smaller, and so its kernel +       tile  = A(mb, kb0) . B(kb0, nb)   beta = 0
+//                                 ^ tail column       tile += A(mb, kb) . B(kb, nb)     beta = 1
+//                                                     C(mb, nb) = tile + bias (first chunk)
+//                                                           or += tile (later chunks)
 //
 //   at::parallel_for over the nM * nN tiles: each thread takes a contiguous range of tiles,
-//   in row-block order or column-block order (n_outer), and runs the k loop of each.
+//   in column-block order (n_outer, the default: long runs) or row-block order.
 //
 // A tile's kernel depends on whether its row block, column block and k step are full or the
 // smaller last one (the tail), and on beta: 2 x 2 x 2 x 2 = at most 16 kernels per product,

@@ -139,12 +139,13 @@ inline Bf16Fn dispatch_bf16_kernel(const Bf16KernelShape& i_shape, bool i_requir
   TORCH_CHECK(l_kernel != nullptr || !i_required, "linear_tpp_bf16: LIBXSMM ", LIBXSMM_CONFIG_VERSION,
               " returned no kernel (NULL) for the bfloat16 batch-reduce GEMM with m=", i_shape.m, " n=", i_shape.n,
               " k=", i_shape.k, " lda=", i_shape.lda, " ldb=", i_shape.ldb, " ldc=", i_shape.ldc, " (VNNI_A); it "
-              "generates bf16 kernels only on a CPU with AVX512-BF16 (this one: ", libxsmm_get_target_arch(), ")");
+              "generates bf16 kernels only for AVX-512 targets (this one: ", libxsmm_get_target_arch(), ")");
   return l_kernel;
 }
 
 // Does this CPU get bf16 kernels? Asked once per process: a 32 x 32 x 32 batch-reduce kernel is
-// requested and NULL means no. The answer picks each new layer's bf16 path (linear_state.h).
+// requested and NULL means no. The answer says whether the "vnni" path can be chosen at all;
+// bf16_kernels_native() below picks each new layer's default path (linear_state.h).
 inline bool bf16_kernels_available() {
   static const bool s_available = [] {
     libxsmm_init();

@@ -1,8 +1,8 @@
 """Stage 07: the linear layer in bfloat16 on LIBXSMM's VNNI kernels, and mixed precision like torch.nn.Linear.
 
 What this stage teaches: bfloat16 compute with fp32 accumulation and one rounding, the VNNI-2
-layout the bf16 kernels read (README, vnni_gemm.h), a fallback chosen at run time where the
-CPU has no bf16 kernels, and ``torch.autocast`` the way ``torch.nn.Linear`` meets it. The C++
+layout the bf16 kernels read (README, vnni_gemm.h), the float32 path chosen at run time where
+the CPU's bf16 kernels are not native (emulated or missing), and ``torch.autocast`` the way ``torch.nn.Linear`` meets it. The C++
 interface is stage 06's, and it now takes bfloat16 tensors too:
 
     _C.LinearState(in_features, out_features)        kernels dispatched up front (README)
@@ -14,7 +14,7 @@ interface is stage 06's, and it now takes bfloat16 tensors too:
     _C.backward(grad_output, input, weight,          [grad_input, grad_weight, grad_bias],
                 need_input, need_weight, need_bias,    None for each one not asked for
                 state)
-    _C.bf16_kernels_available(), _C.pack_vnni2(a, bm), _C.peak_gflops_bf16()
+    _C.bf16_kernels_available(), _C.bf16_kernels_native(), _C.pack_vnni2(a, bm), _C.peak_gflops_bf16()
 
 What changed since stage 06: ``Layer.forward`` follows ``torch.autocast("cpu", dtype=torch.bfloat16)``
 as nn.Linear does (float32 operands cast to bf16 before the Function; autograd returns float32

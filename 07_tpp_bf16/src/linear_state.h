@@ -2,8 +2,9 @@
 // and reuses on every call: the JIT kernels it asked for, one plan (a BlockedGemm) per product
 // and batch size, and the weight packed for the forward, with the key that says when the pack
 // is stale. New in stage 07: the bf16 kernels (their own table), the layer's bf16 path (JIT
-// VNNI kernels, the reference micro-kernel, or the fp32 fallback) and a pack kind in the key. The Python Layer makes one LinearState in its constructor (bindings.cpp binds it);
-// forward and backward (FunctionCpp.cpp) take it as an argument.
+// VNNI kernels, the reference micro-kernel, or the fp32 path) and a pack kind in the key. The
+// Python Layer makes one LinearState in its constructor (bindings.cpp binds it); forward and
+// backward (FunctionCpp.cpp) take it as an argument.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -124,7 +125,8 @@ class LinearState {
   int64_t out_features() const { return m_out; }
 
   // Replaces the blocking (tests force tiny blocks so that every tail kernel runs).
-  // Each block is (bm, bn, bk); bk = 0 is automatic. Drops the plans and the packed weight.
+  // Each block is (bm, bn, bk); bk = 0: the whole K in one step (the VNNI loop nest: up
+  // to K = 1024, else 256-deep steps). Drops the plans and the packed weight.
   void set_config(const std::vector<int64_t>& i_forward, const std::vector<int64_t>& i_grad_input,
                   const std::vector<int64_t>& i_grad_weight, const std::vector<bool>& i_n_outer) {
     const std::vector<int64_t>* l_blocks[] = {&i_forward, &i_grad_input, &i_grad_weight};
@@ -157,7 +159,7 @@ class LinearState {
     TORCH_CHECK(l_path >= 0, "linear_tpp_bf16: expected the bf16 path \"vnni\", \"reference\" or \"fp32\", got \"", i_name, "\"");
     TORCH_CHECK(l_path != kVnni || bf16_kernels_available(), "linear_tpp_bf16: the bf16 path \"vnni\" needs LIBXSMM's bf16 "
                 "kernels, which this CPU does not get (LIBXSMM target ", libxsmm_get_target_arch(),
-", no AVX-512): use \"reference\" or \"fp32\"");
+                ", no AVX-512): use \"reference\" or \"fp32\"");
     {
       std::lock_guard<std::mutex> l_lock(m_mutex);
       m_bf16_path = static_cast<Bf16Path>(l_path);

@@ -31,12 +31,14 @@
 //
 // ---- The loop nest (VnniGemm::run) ------------------------------------------------------
 //
-// As BlockedGemm (blocked_gemm.h), with two differences:
+// As BlockedGemm (blocked_gemm.h), a tile of the thread's own per C tile, with these differences:
+//   - B is read where the caller laid it out (padded to an even number of rows), not packed per
+//     thread, and K is not cut into chunks;
 //   - a tile's whole k loop is ONE call of a batch-reduce kernel: count = K / bk blocks of A and
 //     B at fixed strides, added into one fp32 tile; a tail k block (K not a multiple of bk) is a
 //     second call with count 1;
-//   - C is an fp32 tile of the thread's own (zeroed first), and the epilogue adds the bias in
-//     fp32 and rounds to bf16 once, writing the output tile.
+//   - the tile is fp32 (zeroed first), and the epilogue adds the bias in fp32 and rounds to bf16
+//     once, writing the output tile.
 // The kernel is either LIBXSMM's JIT code or reference_batch_reduce below, plain C++ loops that read
 // the same packed panels and accumulate in fp32 as VDPBF16PS does: the "reference" path runs the
 // whole layout, loop nest and rounding on any CPU (tests), at scalar speed.

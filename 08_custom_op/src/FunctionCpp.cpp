@@ -5,17 +5,18 @@
 // What stage 06 taught, and this file still does: how a fast matrix product is put together from TPPs (tensor
 // processing primitives): small kernels for one fixed job, here the GEMM block
 //
-//     C (m x n)  (+)=  A (m x k) . B (k x n)        m, n <= 128, k <= 1024 here
+//     C (m x n)  (+)=  A (m x k) . B (k x n)        64 x 128 x 128 by default on AVX2
 //
 // that LIBXSMM writes as machine code at run time (JIT) for those exact sizes and the CPU it
-// runs on. Where the data lives while a kernel runs, for the 64 x 64 tiles used here:
+// runs on. Where the data lives while a kernel runs, for the 64 x 128 tiles of AVX2 (64 x 64
+// on AVX-512):
 //   - registers: the kernel holds a small block of C (a few columns of up to 64 rows) in vector
 //     registers while it runs over k, loading a column of A and broadcasting elements of B.
-//     A whole 64 x 64 float32 tile cannot stay there: it is 16 KB, and all the vector registers
+//     A whole 64 x 128 float32 tile cannot stay there: it is 32 KB, and all the vector registers
 //     together hold 2 KB (32 x 64 B, AVX-512) or 512 B (16 x 32 B, AVX2);
-//   - L1 (32-48 KB per core): the C tile (16 KB) and the A and B columns in use;
-//   - L2 (512 KB-1 MB per core): the A panel (64 x k floats: 256 KB at k = 1024) and B block,
-//     re-read from there for every register block of C.
+//   - L1 (32-48 KB per core): the thread's C tile and the A and B columns in use;
+//   - L2 (512 KB-1 MB per core): the thread's chunk of packed B (at most 256 KB) and the A
+//     block, re-read from there for every register block of C.
 // Our job is the loop nest around the kernels: cut each of the layer's three products into
 // tiles, reduce every tile in k steps, spread the tiles over the threads, and prepare once
 // everything that can be prepared once (the kernels, the plans, the packed weight).
@@ -47,20 +48,22 @@
 //
 // LIBXSMM's kernels are column-major: element (i, j) of A lives at a[i + j * lda]. A row-major
 // PyTorch matrix R (r x c) is, in the same memory, the column-major matrix R^T (c x r). So each
-// product is computed on the transposed views, and the operands are read where they lie:
+// product is computed on the transposed views, the operands addressed where they lie, then copied:
 //
-//   product      row-major (PyTorch)   column-major (LIBXSMM)      A                  B
-//   forward      y  = x W^T            y^T  = W   . x^T            W, packed (below)  x as stored
-//   grad_input   gx = gy W             gx^T = W^T . gy^T           W^T, packed        gy as stored
-//   grad_weight  gw = gy^T x           gw^T = x^T . gy             x^T, packed        gy, transposed once
+//   product      row-major (PyTorch)   column-major (LIBXSMM)      A, packed once     B, packed per thread
+//   forward      y  = x W^T            y^T  = W   . x^T            W (below)          rows of x
+//   grad_input   gx = gy W             gx^T = W^T . gy^T           W^T                rows of gy
+//   grad_weight  gw = gy^T x           gw^T = x^T . gy             x^T                blocks of gy, transposed
 //
 // The forward's A is not where it should be: the kernel wants W (out x in) column-major,
 // memory holds W^T. LIBXSMM 1.17 has no TRANS_A (it returns NULL for it), so W is transposed
 // into panels, the packed weight, on every call in this stage (06 reused it while W was unchanged).
 // The backward's A operands (W^T, x^T) could be read where they lie, but their columns would be
 // `in` floats apart, a multiple of 4 KB: each k step's columns would fight over a few L1 sets.
-// So they are copied into contiguous panels too (pack_column_panels, one memcpy per row), and
-// grad_weight's gy is transposed once instead of read with TRANS_B (06's README: the training step).
+// So they are copied into contiguous panels too (pack_column_panels, one memcpy per row). The B
+// operands and the C tiles have the same problem, so each thread packs its B blocks and
+// accumulates its C tile in buffers of its own (blocked_gemm.h; 06's README: the training step);
+// grad_weight's gy is transposed block by block on the way, and grad_bias summed in that pass.
 // grad_weight's reduction runs over the batch N (the kernel's k), so no two threads ever add
 // into the same tile.
 //
@@ -68,16 +71,18 @@
 //
 //               n: bn-wide blocks (N: the batch for forward and grad_input)
 //             +--------+--------+--------+----+
-//   m:        | (0, 0) | (0, 1) | (0, 2) |    |   C tile (mb, nb), bm x bn: one thread owns it,
-//   bm-high   +--------+--------+--------+----+     for kb in 0 .. nK-1:                (k steps)
-//   blocks    | (1, 0) | (1, 1) |  ...   |    |       C(mb, nb) (+)= A(mb, kb) . B(kb, nb)
-//             +--------+--------+--------+----+     the first step with beta = 0 (C = A B), the
-//             |  tail row: the last block is  |     others beta = 1 (C += A B); with a bias the
-//             +--- smaller, and so its kernel +     tile is pre-filled with b and every step adds
-//                                 ^ tail column
+//   m:        | (0, 0) | (0, 1) | (0, 2) |    |   C tile (mb, nb), bm x bn: one thread owns it.
+//   bm-high   +--------+--------+--------+----+   A run: a thread's tiles of one column block nb.
+//   blocks    | (1, 0) | (1, 1) |  ...   |    |   for each chunk of k steps (<= 256 KB of B):
+//             +--------+--------+--------+----+     pack B(chunk, nb) into the thread's buffer
+//             |  tail row: the last block is  |     for each tile of the run:
+//             +--- smaller, and so its kernel +       tile  = A(mb, kb0) . B(kb0, nb)   beta = 0
+//                                 ^ tail column       tile += A(mb, kb) . B(kb, nb)     beta = 1
+//                                                     C(mb, nb) = tile + bias (first chunk)
+//                                                           or += tile (later chunks)
 //
 //   at::parallel_for over the nM * nN tiles: each thread takes a contiguous range of tiles,
-//   in row-block order or column-block order (n_outer), and runs the k loop of each.
+//   in column-block order (n_outer, the default: long runs) or row-block order.
 //
 // A tile's kernel depends on whether its row block, column block and k step are full or the
 // smaller last one (the tail), and on beta: 2 x 2 x 2 x 2 = at most 16 kernels per product,
