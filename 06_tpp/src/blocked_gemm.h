@@ -125,8 +125,8 @@ struct BlockedGemm {
       auto l_mb = [&](idx i_tile) { return n_outer ? i_tile % nM : i_tile / nN; };
       auto l_nb = [&](idx i_tile) { return n_outer ? i_tile / nM : i_tile % nN; };
       for (idx l_run = i_first; l_run < i_last;) {
-        // A run: this thread's consecutive tiles of one column block (in row-block order, one
-        // tile unless the product has a single column block).
+        // A run: this thread's consecutive tiles of one column block. With column blocks
+        // outermost (the default) a run holds many row tiles; in row-block order, one tile.
         const idx l_col = l_nb(l_run);
         idx l_run_end = l_run + 1;
         while (l_run_end < i_last && l_nb(l_run_end) == l_col) l_run_end++;
