@@ -25,6 +25,11 @@ class ForgetsBias(Linear):
         return torch.nn.functional.linear(input, self.weight)
 
 
+class DetachesBias(Linear):
+    def forward(self, input):
+        return torch.nn.functional.linear(input, self.weight, self.bias.detach())
+
+
 class WrongGradInput(Linear):
     def forward(self, input):
         # right value, wrong gradient for the input: detach then re-add a scaled copy
@@ -63,10 +68,12 @@ def test_correct_layer_passes():
 @pytest.mark.parametrize(
     "layer_class, test, args, error, message",
     [
-        # Caught before its output is compared: autograd refuses the gradient of a bias that
-        # never reaches the output.
-        (ForgetsBias, "test_matches_reference", (checks.CASES[7], torch.float32, True), RuntimeError,
-         r"appears to not have been used in the graph"),
+        # Caught by its output, compared before any gradient is asked for.
+        (ForgetsBias, "test_matches_reference", (checks.CASES[7], torch.float32, True), AssertionError,
+         r"output: Tensor-likes are not close"),
+        # A bias that is added but cut off from autograd: the output is right, its gradient None.
+        (DetachesBias, "test_matches_reference", (checks.CASES[7], torch.float64, True), AssertionError,
+         r"grad_bias: the output does not depend on the bias"),
         (WrongGradInput, "test_matches_reference", (checks.CASES[7], torch.float64, True), AssertionError,
          r"grad_input: Tensor-likes are not close"),
         (WrongGradInput, "test_gradcheck", ((3,), True), GradcheckError, r"Jacobian mismatch"),
@@ -74,7 +81,7 @@ def test_correct_layer_passes():
          r"output: Tensor-likes are not close"),
         (NoChecks, "test_rejects_wrong_feature_count", (), AssertionError, r"the error message does not say"),
     ],
-    ids=["ForgetsBias", "WrongGradInput-reference", "WrongGradInput-gradcheck", "RoundsToHalf", "NoChecks"],
+    ids=["ForgetsBias", "DetachesBias", "WrongGradInput-reference", "WrongGradInput-gradcheck", "RoundsToHalf", "NoChecks"],
 )
 def test_broken_layer_is_caught(layer_class, test, args, error, message):
     with pytest.raises(error, match=message):

@@ -245,11 +245,12 @@ class LayerTests:
         assert output.shape == (*case.leading, case.out_features)
         assert output.dtype == dtype
         grad_output = torch.randn_like(output)
-        params = [layer.weight] + ([layer.bias] if bias else [])
-        grads = torch.autograd.grad(output, [input] + params, grad_output)
         ref_output, ref_grads = reference_linear(input, layer.weight, layer.bias, grad_output)
-        assert_close(output, ref_output, dtype, "output")
+        assert_close(output, ref_output, dtype, "output")  # first: a wrong output explains wrong gradients
+        params = [layer.weight] + ([layer.bias] if bias else [])
+        grads = torch.autograd.grad(output, [input] + params, grad_output, allow_unused=True)
         for name, grad, ref in zip(["input", "weight", "bias"], grads, ref_grads):
+            assert grad is not None, f"grad_{name}: the output does not depend on the {name} (None from autograd)"
             assert grad.shape == ref.shape, f"grad_{name} shape"
             assert_close(grad, ref, dtype, f"grad_{name}")
 
@@ -392,10 +393,11 @@ class FunctionTests:
         bias = torch.randn(case.out_features, generator=generator, dtype=torch.float64, requires_grad=True)
         output = self.linear(input, weight, bias)
         grad_output = torch.randn_like(output)
-        grads = torch.autograd.grad(output, [input, weight, bias], grad_output)
         ref_output, ref_grads = reference_linear(input, weight, bias, grad_output)
-        assert_close(output, ref_output, torch.float64, "output")
+        assert_close(output, ref_output, torch.float64, "output")  # first: a wrong output explains wrong gradients
+        grads = torch.autograd.grad(output, [input, weight, bias], grad_output, allow_unused=True)
         for name, grad, ref in zip(["input", "weight", "bias"], grads, ref_grads):
+            assert grad is not None, f"grad_{name}: the output does not depend on the {name} (None from autograd)"
             assert_close(grad, ref, torch.float64, f"grad_{name}")
 
     # -- bad input to the Function itself: a mismatched weight or bias -------------------
