@@ -35,12 +35,14 @@ setup(
     ext_modules=[
         CppExtension(
             "eml.linear_op._C",
-            ["src/FunctionCpp.cpp", "src/bindings.cpp"],  # and the headers they include, in src/
+            ["src/FunctionCpp.cpp", "src/tools.cpp", "src/bindings.cpp"],  # and the headers they include, in src/
             include_dirs=[LIBXSMM_INCLUDE_DIR],
             library_dirs=[LIBXSMM_LIBRARY_DIR],
             # LIBXSMM's static libraries, in this order (libxsmm needs libxsmmnoblas's BLAS stubs).
             libraries=["xsmm", "xsmmnoblas", "pthread", "rt", "dl", "m"],
-            extra_compile_args=["-O3", "-fopenmp"],
+            # -fvisibility=hidden: _C exports only its init function. Stages 06, 07 and 08 share the C++
+            # namespace tpp, and one process may load all three: their symbols stay their own.
+            extra_compile_args=["-O3", "-fopenmp", "-fvisibility=hidden"],
             # Keep LIBXSMM's symbols (and its BLAS stubs) inside _C instead of exporting them.
             extra_link_args=["-Wl,--exclude-libs,ALL"],
             # New in 08: compile with -DPy_LIMITED_API (CPython 3.10's stable ABI) and link no

@@ -7,6 +7,7 @@ a new example (or a new way to extend PyTorch) names no predecessor. A new stage
 this test until it is entered here.
 """
 
+import difflib
 import pathlib
 import re
 import subprocess
@@ -23,8 +24,9 @@ LESSONS = {
     "03_hello_cpp": ("02_python_function", {"src/hello.cpp", "src/jit.py"}, {"src/layer.py"}),
     "04_cpp_aten": ("02_python_function", {"src/FunctionCpp.cpp"}, set()),
     "05_cpp_naive": ("04_cpp_aten", set(), set()),
-    "06_tpp": ("05_cpp_naive", {"benchmark.py", "src/FunctionCpp.h", "src/bindings.cpp", "src/blocked_gemm.h", "src/kernel.h", "src/linear_state.h"}, set()),
-    "07_tpp_bf16": ("06_tpp", {"src/tools.cpp", "src/vnni_gemm.h"}, set()),
+    "06_tpp": ("05_cpp_naive", {"benchmark.py", "src/FunctionCpp.h", "src/bindings.cpp", "src/blocked_gemm.h", "src/kernel.h",
+                                "src/linear_state.h", "src/products.h", "src/tools.cpp"}, set()),
+    "07_tpp_bf16": ("06_tpp", {"src/vnni_gemm.h"}, set()),
     # 06's training benchmark gives way to the benchmark of where a functional op keeps its state.
     "08_custom_op": ("06_tpp", {"bench_state.py", "src/ops.py"}, {"benchmark.py"}),
     # The second example, the LLTM cell, starts again from Python.
@@ -85,3 +87,66 @@ def test_the_check_fails_on_a_renamed_file(monkeypatch):
     monkeypatch.setitem(globals(), "tracked_files", lambda stage: renamed(stage) if stage == "05_cpp_naive" else real(stage))
     with pytest.raises(AssertionError, match="test_05.py"):
         test_diff_with_the_previous_stage_is_the_lesson("05_cpp_naive")
+
+
+# ---- No line of C++ that only renames the stage ------------------------------------------
+#
+# Each compiled stage names itself once (kStage, the first word of its messages) and keeps one
+# C++ namespace across the stages that share code (tpp in 06, 07 and 08), so a line that differs
+# from the previous stage's only by the package's name is noise in the diff a student reads.
+
+CPP_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
+NAMES_THE_STAGE = re.compile(r"\bkStage\s*=")  # the one line allowed to differ by the name alone
+
+
+def package_name(stage):
+    """The last part of the stage's package, as setup.py maps it: "linear_tpp" for eml.linear_tpp."""
+    setup = (ROOT / stage / "setup.py").read_text()
+    return re.search(r'package_dir=\{"eml\.([\w.]+)": "src"\}', setup).group(1).split(".")[-1]
+
+
+def renamed_only_lines(old_lines, new_lines, old_name, new_name):
+    """The changed lines of new_lines that equal a changed line of old_lines once old_name is
+    replaced by new_name (as a word): edits that rename the stage and do nothing else."""
+    rename = lambda line: re.sub(rf"\b{re.escape(old_name)}\b", new_name, line)
+    found = []
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "replace":
+            continue
+        renamed = {rename(line) for line in old_lines[i1:i2] if old_name in line and not NAMES_THE_STAGE.search(line)}
+        found += [(j + 1, line) for j, line in enumerate(new_lines[j1:j2], start=j1) if line in renamed]
+    return found
+
+
+def cpp_rename_lines(stage, previous):
+    old_name, new_name = package_name(previous), package_name(stage)
+    found = []
+    for path in sorted(tracked_files(stage) & tracked_files(previous)):
+        if path.endswith(CPP_SUFFIXES):
+            old_lines = (ROOT / previous / path).read_text().splitlines()
+            new_lines = (ROOT / stage / path).read_text().splitlines()
+            found += [f"{stage}/{path}:{n}: {line.strip()}" for n, line in
+                      renamed_only_lines(old_lines, new_lines, old_name, new_name)]
+    return found
+
+
+@pytest.mark.parametrize("stage", [s for s in stage_folders() if s in LESSONS and LESSONS[s][0]])
+def test_no_cpp_line_only_renames_the_stage(stage):
+    previous = LESSONS[stage][0]
+    found = cpp_rename_lines(stage, previous)
+    assert not found, (f"these lines differ from {previous}'s only by the stage's name; name the stage once "
+                       f"(kStage) and keep the namespace:\n" + "\n".join(found))
+
+
+def test_the_rename_check_fails_on_a_renamed_message():
+    """The guard itself can fail: a message prefix spelled out, and a namespace renamed."""
+    old = ['namespace tpp {', 'TORCH_CHECK(ok, kStage, ": expected x");', '}']
+    new = ['namespace tpp {', 'TORCH_CHECK(ok, "linear_op: expected x");', '}']
+    assert renamed_only_lines(old, new, "linear_tpp", "linear_op") == []  # a real change: kept
+    old = ['namespace linear_tpp {', 'TORCH_CHECK(ok, "linear_tpp: expected x");', 'int a;']
+    new = ['namespace linear_op {', 'TORCH_CHECK(ok, "linear_op: expected x");', 'int a;']
+    assert [n for n, _ in renamed_only_lines(old, new, "linear_tpp", "linear_op")] == [1, 2]
+    old = ['const char* const kStage = "linear_tpp";', "int a;"]
+    new = ['const char* const kStage = "linear_op";', "int a;"]
+    assert renamed_only_lines(old, new, "linear_tpp", "linear_op") == []  # the one line that names the stage

@@ -1,4 +1,4 @@
-// Stage 06, file 4 of 5: what FunctionCpp.cpp offers to bindings.cpp, the functions Python
+// Stage 06: what FunctionCpp.cpp offers to bindings.cpp, the functions Python
 // calls. Keeping them in a plain C++ header keeps pybind11 (and Python.h) out of the compute
 // code: only bindings.cpp includes <torch/extension.h>.
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "linear_state.h"
 
-namespace linear_tpp {
+namespace tpp {
 
 // y = x W^T + b for x of shape (*, in); bias may be absent. i_state: the layer's state (nullptr:
 // a temporary one). i_cache_weight: may reuse and keep the packed W (LinearState::packed_weight).
@@ -28,4 +28,4 @@ std::vector<torch::Tensor> backward(torch::Tensor i_grad_output, torch::Tensor i
 bool dispatch_check(int64_t i_m, int64_t i_n, int64_t i_k, int i_flags, at::ScalarType i_dtype);
 double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds);
 
-}  // namespace linear_tpp
+}  // namespace tpp

@@ -1,4 +1,4 @@
-// Stage 06, file 3 of 5: the layer's state and its caches. Everything a layer prepares once
+// Stage 06: the layer's state and its caches. Everything a layer prepares once
 // and reuses on every call: the JIT kernels it asked for, one plan (a BlockedGemm) per product
 // and batch size, and the weight packed for the forward, with the key that says when the pack
 // is stale. The Python Layer makes one LinearState in its constructor (bindings.cpp binds it);
@@ -16,7 +16,7 @@
 
 #include "blocked_gemm.h"
 
-namespace linear_tpp {
+namespace tpp {
 
 // ---- 3. The state: kernels, plans, packed weight ------------------------------------
 
@@ -69,7 +69,7 @@ class LinearState {
  public:
   LinearState(int64_t i_in_features, int64_t i_out_features)
       : m_in(i_in_features), m_out(i_out_features) {
-    TORCH_CHECK(m_in >= 0 && m_out >= 0, "linear_tpp: expected in_features >= 0 and out_features >= 0, got ", m_in,
+    TORCH_CHECK(m_in >= 0 && m_out >= 0, kStage, ": expected in_features >= 0 and out_features >= 0, got ", m_in,
                 " and ", m_out);
     libxsmm_init();  // idempotent; sets LIBXSMM up for this CPU on the first call
     dispatch_batch_independent<float>();
@@ -90,11 +90,11 @@ class LinearState {
     Config l_config;
     for (int l_p = 0; l_p < 3; l_p++) {
       const auto& l_b = *l_blocks[l_p];
-      TORCH_CHECK(l_b.size() == 3 && l_b[0] >= 1 && l_b[1] >= 1 && l_b[2] >= 0, "linear_tpp: expected the ",
+      TORCH_CHECK(l_b.size() == 3 && l_b[0] >= 1 && l_b[1] >= 1 && l_b[2] >= 0, kStage, ": expected the ",
                   kProductNames[l_p], " blocking as (bm >= 1, bn >= 1, bk >= 0), got ", c10::IntArrayRef(l_b));
       l_config.blocking[l_p] = {l_b[0], l_b[1], l_b[2]};
     }
-    TORCH_CHECK(i_n_outer.size() == 3, "linear_tpp: expected n_outer as 3 flags (forward, grad_input, grad_weight), got ",
+    TORCH_CHECK(i_n_outer.size() == 3, kStage, ": expected n_outer as 3 flags (forward, grad_input, grad_weight), got ",
                 i_n_outer.size());
     for (int l_p = 0; l_p < 3; l_p++) l_config.n_outer[l_p] = i_n_outer[l_p];
     {
@@ -298,4 +298,4 @@ class LinearState {
   int64_t m_packs = 0;  // packs made so far (tests and the curious watch it)
 };
 
-}  // namespace linear_tpp
+}  // namespace tpp

@@ -1,4 +1,4 @@
-// Stage 07, file 5 of 6: what FunctionCpp.cpp offers to bindings.cpp, the functions Python
+// Stage 07: what FunctionCpp.cpp offers to bindings.cpp, the functions Python
 // calls. Keeping them in a plain C++ header keeps pybind11 (and Python.h) out of the compute
 // code: only bindings.cpp includes <torch/extension.h>.
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "linear_state.h"
 
-namespace linear_tpp_bf16 {
+namespace tpp {
 
 // y = x W^T + b for x of shape (*, in); bias may be absent. Float, Double or BFloat16 (new). i_state: the layer's state (nullptr:
 // a temporary one). i_cache_weight: may reuse and keep the packed W (LinearState::packed_weight).
@@ -32,4 +32,4 @@ double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds);
 double peak_gflops_bf16(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds);
 torch::Tensor pack_vnni2_matrix(torch::Tensor i_matrix, int64_t i_bm);
 
-}  // namespace linear_tpp_bf16
+}  // namespace tpp

@@ -1,5 +1,5 @@
-// Stage 07, file 6 of 6: the bindings. pybind11 exposes FunctionCpp.h's functions and the
-// LinearState class to Python as the module eml.linear_tpp_bf16._C. This is the only file that
+// Stage 07: the bindings. pybind11 exposes FunctionCpp.h's functions and the
+// LinearState class to Python as the package's module _C. This is the only file that
 // includes <torch/extension.h> (pybind11 and Python.h): the compute code never sees Python.
 #include <torch/extension.h>
 
@@ -10,16 +10,18 @@
 
 #include "FunctionCpp.h"
 
-using namespace linear_tpp_bf16;
+using namespace tpp;
 
 // TORCH_EXTENSION_NAME is set by torch.utils.cpp_extension to the module's name ("_C").
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Stage 07: the linear layer's forward and backward on LIBXSMM's JIT kernels, in float32, float64 and bfloat16";
 
   // The layer's state. pybind11 owns the C++ object: it lives as long as a Python reference
-  // (the Layer's self.state, an autograd ctx) and is deleted with the last one.
+  // (the Layer's self.state, an autograd ctx) and is deleted with the last one. module_local:
+  // pybind11 registers a class under its C++ name, tpp::LinearState, and stages 06 and 07 both have
+  // one; local to this module, each stage's class may live beside the other's in one process.
   py::class_<LinearState>(m, "LinearState",
-                          "JIT kernels, per-batch plans and the packed weight of one linear layer")
+                          "JIT kernels, per-batch plans and the packed weight of one linear layer", py::module_local())
       .def(py::init<int64_t, int64_t>(), py::arg("in_features"), py::arg("out_features"))
       .def_property_readonly("in_features", &LinearState::in_features)
       .def_property_readonly("out_features", &LinearState::out_features)

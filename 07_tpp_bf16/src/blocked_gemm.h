@@ -1,4 +1,4 @@
-// Stage 07, file 2 of 6 (as in stage 06): a blocked GEMM, the loop nest around the JIT kernels of kernel.h.
+// Stage 07 (as in stage 06): a blocked GEMM, the loop nest around the JIT kernels of kernel.h.
 //
 // One product C (M x N) = A (M x K) . B (K x N) is cut into bm x bn tiles of C, each reduced
 // over K in bk-deep steps, one kernel call per step; at::parallel_for spreads the tiles over
@@ -9,8 +9,28 @@
 //   - each tile is accumulated in a bm x bn buffer of the thread's own (ldc = bm) over a chunk,
 //     then stored into C (the first chunk, the bias added on the way) or added to it (the rest).
 // Nothing here knows about the layer: linear_state.h builds one BlockedGemm per product and
-// batch size (a plan), FunctionCpp.cpp runs them. The picture of the loop nest is at the top of
-// FunctionCpp.cpp.
+// batch size (a plan), FunctionCpp.cpp runs them. The picture of the loop nest:
+//
+// ---- The loop nest (BlockedGemm::run) --------------------------------------------------
+//
+//               n: bn-wide blocks (N: the batch for forward and grad_input)
+//             +--------+--------+--------+----+
+//   m:        | (0, 0) | (0, 1) | (0, 2) |    |   C tile (mb, nb), bm x bn: one thread owns it.
+//   bm-high   +--------+--------+--------+----+   A run: a thread's tiles of one column block nb.
+//   blocks    | (1, 0) | (1, 1) |  ...   |    |   for each chunk of k steps (<= 256 KB of B):
+//             +--------+--------+--------+----+     pack B(chunk, nb) into the thread's buffer
+//             |  tail row: the last block is  |     for each tile of the run:
+//             +--- smaller, and so its kernel +       tile  = A(mb, kb0) . B(kb0, nb)   beta = 0
+//                                 ^ tail column       tile += A(mb, kb) . B(kb, nb)     beta = 1
+//                                                     C(mb, nb) = tile + bias (first chunk)
+//                                                           or += tile (later chunks)
+//
+//   at::parallel_for over the nM * nN tiles: each thread takes a contiguous range of tiles,
+//   in column-block order (n_outer, the default: long runs) or row-block order.
+//
+// A tile's kernel depends on whether its row block, column block and k step are full or the
+// smaller last one (the tail), and on beta: 2 x 2 x 2 x 2 = at most 16 kernels per product,
+// dispatched once and looked up by index in the loop (BlockedGemm::kernels).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,7 +42,7 @@
 
 #include "kernel.h"
 
-namespace linear_tpp_bf16 {
+namespace tpp {
 
 // ---- 2. A blocked GEMM: the loop nest around the kernels ---------------------------
 
@@ -87,7 +107,7 @@ struct BlockedGemm {
   static Buffer aligned_buffer(idx i_size) {
     const size_t l_bytes = (std::max<idx>(1, i_size) * sizeof(T) + 63) / 64 * 64;  // a multiple of the alignment
     T* l_p = static_cast<T*>(std::aligned_alloc(64, l_bytes));
-    TORCH_CHECK(l_p != nullptr, "linear_tpp_bf16: the GEMM's scratch buffer: out of memory for ", l_bytes, " bytes");
+    TORCH_CHECK(l_p != nullptr, kStage, ": the GEMM's scratch buffer: out of memory for ", l_bytes, " bytes");
     return Buffer(l_p);
   }
 
@@ -153,4 +173,4 @@ struct BlockedGemm {
   }
 };
 
-}  // namespace linear_tpp_bf16
+}  // namespace tpp

@@ -1,4 +1,4 @@
-// Stage 07, file 1 of 6: one JIT kernel. How LIBXSMM 1.17 is asked for a GEMM kernel of fixed
+// Stage 07: one JIT kernel. How LIBXSMM 1.17 is asked for a GEMM kernel of fixed
 // sizes, and how a NULL answer becomes a Python error instead of a crash. New in stage 07:
 // section 1b, the bfloat16 batch-reduce kernel (VNNI-2 packed A, fp32 accumulation), and the
 // run-time probe that says whether this CPU has one at all.
@@ -22,10 +22,14 @@
 // The GEMM calls below are LIBXSMM 1.17's (libxsmm_smmdispatch and friends); LIBXSMM 2.x
 // replaced them with another API. Fail at compile time, with the reason, on any other version.
 #if LIBXSMM_VERSION_MAJOR != 1 || LIBXSMM_VERSION_MINOR < 17
-#error "linear_tpp_bf16 needs LIBXSMM 1.17 (Debian: sudo apt-get install -y libxsmm-dev)"
+#error "this stage needs LIBXSMM 1.17 (Debian: sudo apt-get install -y libxsmm-dev)"
 #endif
 
-namespace linear_tpp_bf16 {
+namespace tpp {  // the same in every stage built on TPPs, so that their diffs show only what changed
+
+// The stage's name, the first word of every error message, so that a user knows which extension
+// complained: the one line that names the stage.
+inline constexpr const char* kStage = "linear_tpp_bf16";
 
 using idx = int64_t;
 
@@ -90,12 +94,12 @@ template <typename T>
 typename Xsmm<T>::Fn dispatch_kernel(const KernelShape& i_shape) {
   const idx l_values[] = {i_shape.m, i_shape.n, i_shape.k, i_shape.lda, i_shape.ldb, i_shape.ldc};
   for (idx l_value : l_values) {  // libxsmm_blasint is a 32-bit int in Debian's build
-    TORCH_CHECK(l_value <= INT_MAX, "linear_tpp_bf16: a GEMM size or leading dimension of ", l_value,
+    TORCH_CHECK(l_value <= INT_MAX, kStage, ": a GEMM size or leading dimension of ", l_value,
                 " does not fit LIBXSMM's 32-bit integers");
   }
   auto l_kernel = Xsmm<T>::dispatch(i_shape.m, i_shape.n, i_shape.k, i_shape.lda, i_shape.ldb, i_shape.ldc,
                                     i_shape.flags);
-  TORCH_CHECK(l_kernel != nullptr, "linear_tpp_bf16: LIBXSMM ", LIBXSMM_CONFIG_VERSION, " returned no kernel (NULL) for the ",
+  TORCH_CHECK(l_kernel != nullptr, kStage, ": LIBXSMM ", LIBXSMM_CONFIG_VERSION, " returned no kernel (NULL) for the ",
               Xsmm<T>::kName, " GEMM C(m x n) = A(m x k) B(k x n) with m=", i_shape.m, " n=", i_shape.n, " k=", i_shape.k,
               " lda=", i_shape.lda, " ldb=", i_shape.ldb, " ldc=", i_shape.ldc, " flags=", i_shape.flags, " (",
               flag_names(i_shape.flags), "); LIBXSMM 1.17 generates none for TRANS_A, for alpha other than 1, for beta "
@@ -126,7 +130,7 @@ inline Bf16Fn dispatch_bf16_kernel(const Bf16KernelShape& i_shape, bool i_requir
   const idx l_values[] = {i_shape.m, i_shape.n, i_shape.k, i_shape.lda, i_shape.ldb, i_shape.ldc,
                           2 * i_shape.stride_a, 2 * i_shape.stride_b};
   for (idx l_value : l_values) {
-    TORCH_CHECK(l_value <= INT_MAX, "linear_tpp_bf16: a bf16 GEMM size, leading dimension or stride of ", l_value,
+    TORCH_CHECK(l_value <= INT_MAX, kStage, ": a bf16 GEMM size, leading dimension or stride of ", l_value,
                 " does not fit LIBXSMM's 32-bit integers");
   }
   const libxsmm_blasint l_lda = i_shape.lda, l_ldb = i_shape.ldb, l_ldc = i_shape.ldc;
@@ -136,7 +140,7 @@ inline Bf16Fn dispatch_bf16_kernel(const Bf16KernelShape& i_shape, bool i_requir
   Bf16Fn l_kernel = libxsmm_bsmmdispatch_reducebatch_strd(
       i_shape.m, i_shape.n, i_shape.k, 2 * i_shape.stride_a, 2 * i_shape.stride_b, &l_lda, &l_ldb, &l_ldc, &l_alpha,
       &l_beta, &l_flags, &l_prefetch);
-  TORCH_CHECK(l_kernel != nullptr || !i_required, "linear_tpp_bf16: LIBXSMM ", LIBXSMM_CONFIG_VERSION,
+  TORCH_CHECK(l_kernel != nullptr || !i_required, kStage, ": LIBXSMM ", LIBXSMM_CONFIG_VERSION,
               " returned no kernel (NULL) for the bfloat16 batch-reduce GEMM with m=", i_shape.m, " n=", i_shape.n,
               " k=", i_shape.k, " lda=", i_shape.lda, " ldb=", i_shape.ldb, " ldc=", i_shape.ldc, " (VNNI_A); it "
               "generates bf16 kernels only for AVX-512 targets (this one: ", libxsmm_get_target_arch(), ")");
@@ -161,4 +165,4 @@ inline bool bf16_kernels_native() {
   return bf16_kernels_available() && libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CPX;
 }
 
-}  // namespace linear_tpp_bf16
+}  // namespace tpp

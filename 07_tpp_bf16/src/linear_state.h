@@ -1,4 +1,4 @@
-// Stage 07, file 4 of 6: the layer's state and its caches. Everything a layer prepares once
+// Stage 07: the layer's state and its caches. Everything a layer prepares once
 // and reuses on every call: the JIT kernels it asked for, one plan (a BlockedGemm) per product
 // and batch size, and the weight packed for the forward, with the key that says when the pack
 // is stale. New in stage 07: the bf16 kernels (their own table), the layer's bf16 path (JIT
@@ -20,7 +20,7 @@
 #include "blocked_gemm.h"
 #include "vnni_gemm.h"
 
-namespace linear_tpp_bf16 {
+namespace tpp {
 
 // ---- 3. The state: kernels, plans, packed weight ------------------------------------
 
@@ -110,7 +110,7 @@ class LinearState {
  public:
   LinearState(int64_t i_in_features, int64_t i_out_features)
       : m_in(i_in_features), m_out(i_out_features) {
-    TORCH_CHECK(m_in >= 0 && m_out >= 0, "linear_tpp_bf16: expected in_features >= 0 and out_features >= 0, got ", m_in,
+    TORCH_CHECK(m_in >= 0 && m_out >= 0, kStage, ": expected in_features >= 0 and out_features >= 0, got ", m_in,
                 " and ", m_out);
     libxsmm_init();  // idempotent; sets LIBXSMM up for this CPU on the first call
     m_bf16_path = bf16_kernels_native() ? kVnni : kFp32;
@@ -133,11 +133,11 @@ class LinearState {
     Config l_config;
     for (int l_p = 0; l_p < 3; l_p++) {
       const auto& l_b = *l_blocks[l_p];
-      TORCH_CHECK(l_b.size() == 3 && l_b[0] >= 1 && l_b[1] >= 1 && l_b[2] >= 0, "linear_tpp_bf16: expected the ",
+      TORCH_CHECK(l_b.size() == 3 && l_b[0] >= 1 && l_b[1] >= 1 && l_b[2] >= 0, kStage, ": expected the ",
                   kProductNames[l_p], " blocking as (bm >= 1, bn >= 1, bk >= 0), got ", c10::IntArrayRef(l_b));
       l_config.blocking[l_p] = {l_b[0], l_b[1], l_b[2]};
     }
-    TORCH_CHECK(i_n_outer.size() == 3, "linear_tpp_bf16: expected n_outer as 3 flags (forward, grad_input, grad_weight), got ",
+    TORCH_CHECK(i_n_outer.size() == 3, kStage, ": expected n_outer as 3 flags (forward, grad_input, grad_weight), got ",
                 i_n_outer.size());
     for (int l_p = 0; l_p < 3; l_p++) l_config.n_outer[l_p] = i_n_outer[l_p];
     {
@@ -156,8 +156,8 @@ class LinearState {
     for (int l_p = 0; l_p < 3; l_p++) {
       if (i_name == kBf16PathNames[l_p]) l_path = l_p;
     }
-    TORCH_CHECK(l_path >= 0, "linear_tpp_bf16: expected the bf16 path \"vnni\", \"reference\" or \"fp32\", got \"", i_name, "\"");
-    TORCH_CHECK(l_path != kVnni || bf16_kernels_available(), "linear_tpp_bf16: the bf16 path \"vnni\" needs LIBXSMM's bf16 "
+    TORCH_CHECK(l_path >= 0, kStage, ": expected the bf16 path \"vnni\", \"reference\" or \"fp32\", got \"", i_name, "\"");
+    TORCH_CHECK(l_path != kVnni || bf16_kernels_available(), kStage, ": the bf16 path \"vnni\" needs LIBXSMM's bf16 "
                 "kernels, which this CPU does not get (LIBXSMM target ", libxsmm_get_target_arch(),
                 ", no AVX-512): use \"reference\" or \"fp32\"");
     {
@@ -388,4 +388,4 @@ class LinearState {
   int64_t m_packs = 0;  // packs made so far (tests and the curious watch it)
 };
 
-}  // namespace linear_tpp_bf16
+}  // namespace tpp

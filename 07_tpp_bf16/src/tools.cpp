@@ -1,6 +1,6 @@
-// Stage 07: the tools, moved out of FunctionCpp.cpp (stage 06's section 7) when bfloat16 made
-// that file pass 500 lines: a dispatch probe, the fp32 and bf16 peak probes, and the VNNI-2
-// packing of a small matrix, bound for the tests and the notebook.
+// Stage 07: the tools, bound for the tests, the benchmark and the notebook: a dispatch probe and
+// the float32 peak probe, as in stage 06; new: the bf16 peak probe and the VNNI-2 packing of a
+// small matrix. They use the layer's kernels and are not part of it.
 #include <ATen/Parallel.h>
 
 #include <chrono>
@@ -8,15 +8,15 @@
 
 #include "FunctionCpp.h"
 
-namespace linear_tpp_bf16 {
+namespace tpp {
 
-// ---- 8. Tools: a dispatch probe, the peak probes, the VNNI-2 packing ------------------------------------
+// ---- 8. Tools: a dispatch probe, the peak probes, the VNNI-2 packing ----------------
 
 // Dispatches one kernel, C(m x n) (+)= A(m x k) op(B) with tight leading dimensions, through the
 // same checked path as the layer; returns True, or raises naming the request (a NULL kernel).
 bool dispatch_check(int64_t i_m, int64_t i_n, int64_t i_k, int i_flags, at::ScalarType i_dtype) {
   libxsmm_init();
-  TORCH_CHECK(i_dtype == at::kFloat || i_dtype == at::kDouble, "linear_tpp_bf16: expected dtype Float or Double, got ", i_dtype);
+  TORCH_CHECK(i_dtype == at::kFloat || i_dtype == at::kDouble, kStage, ": expected dtype Float or Double, got ", i_dtype);
   const bool l_trans_a = i_flags & LIBXSMM_GEMM_FLAG_TRANS_A, l_trans_b = i_flags & LIBXSMM_GEMM_FLAG_TRANS_B;
   const KernelShape l_shape{i_m, i_n, i_k, /*lda=*/l_trans_a ? i_k : i_m, /*ldb=*/l_trans_b ? i_n : i_k, /*ldc=*/i_m, i_flags};
   if (i_dtype == at::kFloat) dispatch_kernel<float>(l_shape);
@@ -25,9 +25,10 @@ bool dispatch_check(int64_t i_m, int64_t i_n, int64_t i_k, int i_flags, at::Scal
 }
 
 // The machine's practical float32 peak: every thread (at::get_num_threads(), which is
-// torch.get_num_threads()) runs one m x n x k kernel over its own buffers, all in L1, for
-// i_seconds; returns the GFLOP/s of all threads together. No memory traffic, no loop nest:
-// the best a GEMM on this machine can hope for.
+// torch.get_num_threads()) runs one m x n x k kernel over its own small buffers (48 KB at
+// 64 x 64 x 64: A in L1, B and C in L1/L2) for i_seconds; returns the GFLOP/s of all threads
+// together. No loop nest, no traffic beyond the core's caches: a practical peak, which deeper
+// kernels can match or pass slightly.
 double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds) {
   libxsmm_init();
   const auto l_kernel = dispatch_kernel<float>(KernelShape{i_m, i_n, i_k, i_m, i_k, i_m, /*flags=*/0});
@@ -59,9 +60,9 @@ double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds) {
 // AVX512-BF16 it measures LIBXSMM's emulated bf16 kernels.
 double peak_gflops_bf16(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds) {
   libxsmm_init();
-  TORCH_CHECK(bf16_kernels_available(), "linear_tpp_bf16: no bf16 kernels on this CPU (LIBXSMM target ",
+  TORCH_CHECK(bf16_kernels_available(), kStage, ": no bf16 kernels on this CPU (LIBXSMM target ",
               libxsmm_get_target_arch(), ", no AVX-512): no bf16 peak to probe");
-  TORCH_CHECK(i_k % 2 == 0, "linear_tpp_bf16: the bf16 peak probe needs an even k, got ", i_k);
+  TORCH_CHECK(i_k % 2 == 0, kStage, ": the bf16 peak probe needs an even k, got ", i_k);
   const Bf16Fn l_kernel = dispatch_bf16_kernel(Bf16KernelShape{i_m, i_n, i_k, i_m, i_k, i_m, i_m * i_k, i_k * i_n});
   const int l_threads = at::get_num_threads();
   std::vector<double> l_gflops(l_threads, 0.0);
@@ -91,9 +92,9 @@ double peak_gflops_bf16(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds)
 // (panels, vnni_k(K) / 2, bm, 2), element [mb][p][i][t] = A[mb*bm + i][2p + t] or 0 (padding).
 torch::Tensor pack_vnni2_matrix(torch::Tensor i_matrix, int64_t i_bm) {
   TORCH_CHECK(i_matrix.dim() == 2 && i_matrix.scalar_type() == torch::kBFloat16 && i_matrix.device().is_cpu(),
-              "linear_tpp_bf16: pack_vnni2 expected a 2-d BFloat16 CPU tensor, got ", i_matrix.dim(), "-d ",
+              kStage, ": pack_vnni2 expected a 2-d BFloat16 CPU tensor, got ", i_matrix.dim(), "-d ",
               i_matrix.scalar_type(), " on ", i_matrix.device());
-  TORCH_CHECK(i_bm >= 1, "linear_tpp_bf16: pack_vnni2 expected bm >= 1, got ", i_bm);
+  TORCH_CHECK(i_bm >= 1, kStage, ": pack_vnni2 expected bm >= 1, got ", i_bm);
   const torch::Tensor l_a = i_matrix.contiguous();
   const idx M = l_a.size(0), K = l_a.size(1), l_panels = (M + i_bm - 1) / i_bm;
   torch::Tensor l_packed = torch::empty({l_panels, vnni_k(K) / 2, i_bm, 2}, l_a.options());
@@ -102,4 +103,4 @@ torch::Tensor pack_vnni2_matrix(torch::Tensor i_matrix, int64_t i_bm) {
   return l_packed;
 }
 
-}  // namespace linear_tpp_bf16
+}  // namespace tpp

@@ -1,4 +1,4 @@
-// Stage 07, file 3 of 6 (new): bfloat16 products, the VNNI-2 layout and the loop nest around
+// Stage 07 (new): bfloat16 products, the VNNI-2 layout and the loop nest around
 // the bf16 batch-reduce kernel of kernel.h (section 1b).
 //
 // ---- Why VNNI-2 ----------------------------------------------------------------------
@@ -53,7 +53,7 @@
 
 #include "kernel.h"
 
-namespace linear_tpp_bf16 {
+namespace tpp {
 
 using bf16 = c10::BFloat16;  // the same 16 bits as libxsmm_bfloat16: the top half of an fp32
 static_assert(sizeof(bf16) == sizeof(libxsmm_bfloat16), "bf16 is 2 bytes");
@@ -186,4 +186,4 @@ struct VnniGemm {
   }
 };
 
-}  // namespace linear_tpp_bf16
+}  // namespace tpp

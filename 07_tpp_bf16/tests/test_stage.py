@@ -641,6 +641,16 @@ def test_libxsmm_stays_inside_the_module():
     assert not leaked, f"_C exports LIBXSMM symbols: {leaked[:5]}"
 
 
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_exports_no_cpp_symbol_of_its_own():
+    """-fvisibility=hidden: _C exports its init function and none of its own C++ (namespace tpp,
+    which stages 06, 07 and 08 share), so one process can load all three."""
+    symbols = subprocess.run(["nm", "-D", "-C", "--defined-only", _C.__file__], capture_output=True, text=True, check=True).stdout
+    own = [line.split(maxsplit=2)[-1] for line in symbols.splitlines() if "tpp::" in line]
+    assert not own, f"_C exports {len(own)} symbol(s) of namespace tpp: {own[:3]}"
+    assert re.search(r"\bPyInit__C$", symbols, re.M), "_C does not export PyInit__C"
+
+
 # -- no ATen matrix product anywhere in this stage's source: LIBXSMM does every GEMM ------
 def test_no_aten_matrix_product_in_the_source():
     assert_no_matrix_product(STAGE)  # common/tests shows this check finds stage 04's calls

@@ -1,4 +1,4 @@
-// Stage 08, file 4 of 5: what FunctionCpp.cpp offers to bindings.cpp, the functions the
+// Stage 08: what FunctionCpp.cpp offers to bindings.cpp, the functions the
 // registered operators run. A plain C++ header: no pybind11 and no Python.h anywhere in the
 // compute code (in stage 08 not even in bindings.cpp, apart from the empty module's init).
 // What changed since stage 06: no LinearState* and no cache_weight argument (an operator's
@@ -12,7 +12,7 @@
 
 #include "linear_state.h"
 
-namespace linear_op {
+namespace tpp {
 
 // y = x W^T + b for x of shape (*, in); bias may be absent. Float, Double or BFloat16.
 torch::Tensor forward(torch::Tensor i_input, torch::Tensor i_weight, std::optional<torch::Tensor> i_bias);
@@ -31,4 +31,4 @@ LinearState& state_for(int64_t i_in_features, int64_t i_out_features);
 bool dispatch_check(int64_t i_m, int64_t i_n, int64_t i_k, int i_flags, at::ScalarType i_dtype);
 double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds);
 
-}  // namespace linear_op
+}  // namespace tpp

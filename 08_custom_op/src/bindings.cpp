@@ -1,4 +1,4 @@
-// Stage 08, file 5 of 5: the registrations. Where stage 06 had a pybind11 module (PYBIND11_MODULE,
+// Stage 08: the registrations. Where stage 06 had a pybind11 module (PYBIND11_MODULE,
 // a py::class_ for the state), this file declares PyTorch operators in the namespace `eml` with a
 // schema each (TORCH_LIBRARY) and gives them CPU kernels (TORCH_LIBRARY_IMPL). The dispatcher
 // then knows what each op takes and returns, so torch.compile, torch.export, vmap and autocast can
@@ -18,7 +18,7 @@
 
 #include "FunctionCpp.h"
 
-using namespace linear_op;
+using namespace tpp;
 
 namespace {
 
@@ -87,9 +87,9 @@ TORCH_LIBRARY_IMPL(eml, CPU, m) {
 // ---- 4. The empty Python module ----------------------------------------------------------
 // `import eml.linear_op._C` loads this .so, which runs TORCH_LIBRARY's static initialisers; Python
 // then asks for PyInit__C, which returns a module with nothing in it. Everything is reached
-// through torch.ops.eml.* instead.
-extern "C" {
-PyObject* PyInit__C(void) {
+// through torch.ops.eml.* instead. PyMODINIT_FUNC: extern "C", and exported although setup.py
+// hides every other symbol (-fvisibility=hidden).
+PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef s_module = {
       PyModuleDef_HEAD_INIT,
       "_C",  // m_name
@@ -98,5 +98,4 @@ PyObject* PyInit__C(void) {
       nullptr,  // m_methods: none
   };
   return PyModule_Create(&s_module);
-}
 }

@@ -1,4 +1,4 @@
-// Stage 08, file 1 of 5 (stage 06's, renamed): one JIT kernel. How LIBXSMM 1.17 is asked for a GEMM kernel of fixed
+// Stage 08 (stage 06's): one JIT kernel. How LIBXSMM 1.17 is asked for a GEMM kernel of fixed
 // sizes, and how a NULL answer becomes a Python error instead of a crash.
 //
 // A TPP (tensor processing primitive) is a small kernel for one fixed job, here the GEMM block
@@ -20,10 +20,14 @@
 // The GEMM calls below are LIBXSMM 1.17's (libxsmm_smmdispatch and friends); LIBXSMM 2.x
 // replaced them with another API. Fail at compile time, with the reason, on any other version.
 #if LIBXSMM_VERSION_MAJOR != 1 || LIBXSMM_VERSION_MINOR < 17
-#error "linear_op needs LIBXSMM 1.17 (Debian: sudo apt-get install -y libxsmm-dev)"
+#error "this stage needs LIBXSMM 1.17 (Debian: sudo apt-get install -y libxsmm-dev)"
 #endif
 
-namespace linear_op {
+namespace tpp {  // the same in every stage built on TPPs, so that their diffs show only what changed
+
+// The stage's name, the first word of every error message, so that a user knows which extension
+// complained: the one line that names the stage.
+inline constexpr const char* kStage = "linear_op";
 
 using idx = int64_t;
 
@@ -88,12 +92,12 @@ template <typename T>
 typename Xsmm<T>::Fn dispatch_kernel(const KernelShape& i_shape) {
   const idx l_values[] = {i_shape.m, i_shape.n, i_shape.k, i_shape.lda, i_shape.ldb, i_shape.ldc};
   for (idx l_value : l_values) {  // libxsmm_blasint is a 32-bit int in Debian's build
-    TORCH_CHECK(l_value <= INT_MAX, "linear_op: a GEMM size or leading dimension of ", l_value,
+    TORCH_CHECK(l_value <= INT_MAX, kStage, ": a GEMM size or leading dimension of ", l_value,
                 " does not fit LIBXSMM's 32-bit integers");
   }
   auto l_kernel = Xsmm<T>::dispatch(i_shape.m, i_shape.n, i_shape.k, i_shape.lda, i_shape.ldb, i_shape.ldc,
                                     i_shape.flags);
-  TORCH_CHECK(l_kernel != nullptr, "linear_op: LIBXSMM ", LIBXSMM_CONFIG_VERSION, " returned no kernel (NULL) for the ",
+  TORCH_CHECK(l_kernel != nullptr, kStage, ": LIBXSMM ", LIBXSMM_CONFIG_VERSION, " returned no kernel (NULL) for the ",
               Xsmm<T>::kName, " GEMM C(m x n) = A(m x k) B(k x n) with m=", i_shape.m, " n=", i_shape.n, " k=", i_shape.k,
               " lda=", i_shape.lda, " ldb=", i_shape.ldb, " ldc=", i_shape.ldc, " flags=", i_shape.flags, " (",
               flag_names(i_shape.flags), "); LIBXSMM 1.17 generates none for TRANS_A, for alpha other than 1, for beta "
@@ -101,4 +105,4 @@ typename Xsmm<T>::Fn dispatch_kernel(const KernelShape& i_shape) {
   return l_kernel;
 }
 
-}  // namespace linear_op
+}  // namespace tpp

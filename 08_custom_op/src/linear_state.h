@@ -1,7 +1,7 @@
-// Stage 08, file 3 of 5: the state and its caches. Everything prepared once and reused on every
+// Stage 08: the state and its caches. Everything prepared once and reused on every
 // call: the JIT kernels, one plan (a BlockedGemm) per product and batch size, and the weight
 // packed for the forward, with the key that says when the pack is stale.
-// What changed since stage 06: nothing in this file but names and comments. Who owns a LinearState did:
+// What changed since stage 06: nothing in this file but comments. Who owns a LinearState did:
 // in 06 a pybind11 object made by each Layer; here a process-wide table of states keyed by
 // (in_features, out_features) (FunctionCpp.cpp, section 4), since a registered operator takes
 // only tensors and scalars. 08 packs the weight on every call (packed_weight(..., i_cache=false)):
@@ -19,7 +19,7 @@
 
 #include "blocked_gemm.h"
 
-namespace linear_op {
+namespace tpp {
 
 // ---- 3. The state: kernels, plans, packed weight ------------------------------------
 
@@ -72,7 +72,7 @@ class LinearState {
  public:
   LinearState(int64_t i_in_features, int64_t i_out_features)
       : m_in(i_in_features), m_out(i_out_features) {
-    TORCH_CHECK(m_in >= 0 && m_out >= 0, "linear_op: expected in_features >= 0 and out_features >= 0, got ", m_in,
+    TORCH_CHECK(m_in >= 0 && m_out >= 0, kStage, ": expected in_features >= 0 and out_features >= 0, got ", m_in,
                 " and ", m_out);
     libxsmm_init();  // idempotent; sets LIBXSMM up for this CPU on the first call
     dispatch_batch_independent<float>();
@@ -93,11 +93,11 @@ class LinearState {
     Config l_config;
     for (int l_p = 0; l_p < 3; l_p++) {
       const auto& l_b = *l_blocks[l_p];
-      TORCH_CHECK(l_b.size() == 3 && l_b[0] >= 1 && l_b[1] >= 1 && l_b[2] >= 0, "linear_op: expected the ",
+      TORCH_CHECK(l_b.size() == 3 && l_b[0] >= 1 && l_b[1] >= 1 && l_b[2] >= 0, kStage, ": expected the ",
                   kProductNames[l_p], " blocking as (bm >= 1, bn >= 1, bk >= 0), got ", c10::IntArrayRef(l_b));
       l_config.blocking[l_p] = {l_b[0], l_b[1], l_b[2]};
     }
-    TORCH_CHECK(i_n_outer.size() == 3, "linear_op: expected n_outer as 3 flags (forward, grad_input, grad_weight), got ",
+    TORCH_CHECK(i_n_outer.size() == 3, kStage, ": expected n_outer as 3 flags (forward, grad_input, grad_weight), got ",
                 i_n_outer.size());
     for (int l_p = 0; l_p < 3; l_p++) l_config.n_outer[l_p] = i_n_outer[l_p];
     {
@@ -301,4 +301,4 @@ class LinearState {
   int64_t m_packs = 0;  // packs made so far (tests and the curious watch it)
 };
 
-}  // namespace linear_op
+}  // namespace tpp

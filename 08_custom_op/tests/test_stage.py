@@ -350,6 +350,16 @@ def test_libxsmm_stays_inside_the_module():
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_exports_no_cpp_symbol_of_its_own():
+    """-fvisibility=hidden: _C exports its init function and none of its own C++ (namespace tpp,
+    which stages 06, 07 and 08 share), so one process can load all three."""
+    symbols = subprocess.run(["nm", "-D", "-C", "--defined-only", _C.__file__], capture_output=True, text=True, check=True).stdout
+    own = [line.split(maxsplit=2)[-1] for line in symbols.splitlines() if "tpp::" in line]
+    assert not own, f"_C exports {len(own)} symbol(s) of namespace tpp: {own[:3]}"
+    assert re.search(r"\bPyInit__C$", symbols, re.M), "_C does not export PyInit__C"
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
 def test_module_is_abi3_and_needs_no_pybind11_nor_torch_python():
     """The stable ABI: one file for every CPython >= 3.10; no pybind11, no libtorch_python."""
     assert pathlib.Path(_C.__file__).name == "_C.abi3.so"

@@ -22,6 +22,9 @@
 #include <utility>
 #include <vector>
 
+// The stage's name, the first word of every error message: the one line that names the stage.
+static const char* const kStage = "lltm_cpp";
+
 // ---- 1. The checks: every input error is a clear message naming the value ----
 
 static void check_inputs(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
@@ -30,32 +33,32 @@ static void check_inputs(const at::Tensor& input, const at::Tensor& weights, con
       {"input", &input}, {"weights", &weights}, {"bias", &bias}, {"old_h", &old_h}, {"old_cell", &old_cell}};
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == at::kFloat || tensor->scalar_type() == at::kDouble,
-                "lltm_cpp: ", name, " must be float32 or float64, got ", tensor->scalar_type());
+                kStage, ": ", name, " must be float32 or float64, got ", tensor->scalar_type());
   }
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == input.scalar_type(),
-                "lltm_cpp: ", name, " is ", tensor->scalar_type(), " but input is ", input.scalar_type());
+                kStage, ": ", name, " is ", tensor->scalar_type(), " but input is ", input.scalar_type());
     // ATen's ops run wherever the tensors are (CPU, CUDA, ...): this file is device-generic, as
     // the tutorial's was, so it asks only that all five tensors be on one device.
-    TORCH_CHECK(tensor->device() == input.device(), "lltm_cpp: ", name, " is on device ", tensor->device(),
+    TORCH_CHECK(tensor->device() == input.device(), kStage, ": ", name, " is on device ", tensor->device(),
                 " but input is on ", input.device(), " (all five tensors must be on one device)");
   }
-  TORCH_CHECK(input.dim() == 2, "lltm_cpp: input must be 2-D (batch, features), got shape ", input.sizes());
+  TORCH_CHECK(input.dim() == 2, kStage, ": input must be 2-D (batch, features), got shape ", input.sizes());
   TORCH_CHECK(weights.dim() == 2 && weights.size(0) % 3 == 0,
-              "lltm_cpp: weights must be 2-D (3 * state, state + features), got shape ", weights.sizes());
+              kStage, ": weights must be 2-D (3 * state, state + features), got shape ", weights.sizes());
   const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
   for (const auto& [name, tensor] : {std::pair{"old_h", &old_h}, std::pair{"old_cell", &old_cell}}) {
-    TORCH_CHECK(tensor->dim() == 2, "lltm_cpp: ", name, " must be 2-D (batch, state), got shape ", tensor->sizes());
+    TORCH_CHECK(tensor->dim() == 2, kStage, ": ", name, " must be 2-D (batch, state), got shape ", tensor->sizes());
     TORCH_CHECK(tensor->size(0) == batch,
-                "lltm_cpp: ", name, " has batch size ", tensor->size(0), " but input has ", batch);
-    TORCH_CHECK(tensor->size(1) == state, "lltm_cpp: ", name, " must have shape [", batch, ", ", state,
+                kStage, ": ", name, " has batch size ", tensor->size(0), " but input has ", batch);
+    TORCH_CHECK(tensor->size(1) == state, kStage, ": ", name, " must have shape [", batch, ", ", state,
                 "] (weights have 3 * ", state, " rows), got ", tensor->sizes());
   }
-  TORCH_CHECK(weights.size(1) == state + features, "lltm_cpp: input has ", features,
+  TORCH_CHECK(weights.size(1) == state + features, kStage, ": input has ", features,
               " features, so weights must have shape [", 3 * state, ", ", state + features, "], got ", weights.sizes());
   TORCH_CHECK((bias.dim() == 1 && bias.size(0) == 3 * state) ||
                   (bias.dim() == 2 && bias.size(0) == 1 && bias.size(1) == 3 * state),
-              "lltm_cpp: bias must have shape (", 3 * state, ") or (1, ", 3 * state, "), got ", bias.sizes());
+              kStage, ": bias must have shape (", 3 * state, ") or (1, ", 3 * state, "), got ", bias.sizes());
 }
 
 // ---- 2. The derivatives, one line each ----
@@ -99,7 +102,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
                                       const at::Tensor& output_gate, const at::Tensor& candidate_cell,
                                       const at::Tensor& X, const at::Tensor& gate_weights, const at::Tensor& weights) {
   TORCH_CHECK(grad_h.sizes() == new_cell.sizes() && grad_cell.sizes() == new_cell.sizes(),
-              "lltm_cpp: grad_h and grad_cell must have new_cell's shape ", new_cell.sizes(), ", got ",
+              kStage, ": grad_h and grad_cell must have new_cell's shape ", new_cell.sizes(), ", got ",
               grad_h.sizes(), " and ", grad_cell.sizes());
   const int64_t state = new_cell.size(1);
   auto d_output_gate = at::tanh(new_cell) * grad_h;

@@ -38,6 +38,9 @@
 #include <utility>
 #include <vector>
 
+// The stage's name, the first word of every error message: the one line that names the stage.
+static const char* const kStage = "lltm_fused";
+
 // ---- 1. The checks: every input error is a clear message naming the value ----
 
 static void check_inputs(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
@@ -46,29 +49,29 @@ static void check_inputs(const at::Tensor& input, const at::Tensor& weights, con
       {"input", &input}, {"weights", &weights}, {"bias", &bias}, {"old_h", &old_h}, {"old_cell", &old_cell}};
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == at::kFloat || tensor->scalar_type() == at::kDouble,
-                "lltm_fused: ", name, " must be float32 or float64, got ", tensor->scalar_type());
+                kStage, ": ", name, " must be float32 or float64, got ", tensor->scalar_type());
   }
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == input.scalar_type(),
-                "lltm_fused: ", name, " is ", tensor->scalar_type(), " but input is ", input.scalar_type());
-    TORCH_CHECK(tensor->device().is_cpu(), "lltm_fused: ", name, " must be a CPU tensor, got device ", tensor->device());
+                kStage, ": ", name, " is ", tensor->scalar_type(), " but input is ", input.scalar_type());
+    TORCH_CHECK(tensor->device().is_cpu(), kStage, ": ", name, " must be a CPU tensor, got device ", tensor->device());
   }
-  TORCH_CHECK(input.dim() == 2, "lltm_fused: input must be 2-D (batch, features), got shape ", input.sizes());
+  TORCH_CHECK(input.dim() == 2, kStage, ": input must be 2-D (batch, features), got shape ", input.sizes());
   TORCH_CHECK(weights.dim() == 2 && weights.size(0) % 3 == 0,
-              "lltm_fused: weights must be 2-D (3 * state, state + features), got shape ", weights.sizes());
+              kStage, ": weights must be 2-D (3 * state, state + features), got shape ", weights.sizes());
   const int64_t batch = input.size(0), features = input.size(1), state = weights.size(0) / 3;
   for (const auto& [name, tensor] : {std::pair{"old_h", &old_h}, std::pair{"old_cell", &old_cell}}) {
-    TORCH_CHECK(tensor->dim() == 2, "lltm_fused: ", name, " must be 2-D (batch, state), got shape ", tensor->sizes());
+    TORCH_CHECK(tensor->dim() == 2, kStage, ": ", name, " must be 2-D (batch, state), got shape ", tensor->sizes());
     TORCH_CHECK(tensor->size(0) == batch,
-                "lltm_fused: ", name, " has batch size ", tensor->size(0), " but input has ", batch);
-    TORCH_CHECK(tensor->size(1) == state, "lltm_fused: ", name, " must have shape [", batch, ", ", state,
+                kStage, ": ", name, " has batch size ", tensor->size(0), " but input has ", batch);
+    TORCH_CHECK(tensor->size(1) == state, kStage, ": ", name, " must have shape [", batch, ", ", state,
                 "] (weights have 3 * ", state, " rows), got ", tensor->sizes());
   }
-  TORCH_CHECK(weights.size(1) == state + features, "lltm_fused: input has ", features,
+  TORCH_CHECK(weights.size(1) == state + features, kStage, ": input has ", features,
               " features, so weights must have shape [", 3 * state, ", ", state + features, "], got ", weights.sizes());
   TORCH_CHECK((bias.dim() == 1 && bias.size(0) == 3 * state) ||
                   (bias.dim() == 2 && bias.size(0) == 1 && bias.size(1) == 3 * state),
-              "lltm_fused: bias must have shape (", 3 * state, ") or (1, ", 3 * state, "), got ", bias.sizes());
+              kStage, ": bias must have shape (", 3 * state, ") or (1, ", 3 * state, "), got ", bias.sizes());
 }
 
 // ---- 2. The activations of one element, written so that the compiler can vectorise them ----
@@ -210,8 +213,8 @@ static std::atomic<bool> use_avx2{cpu_has_avx2_fma()};
 static std::string simd_path() { return use_avx2.load() ? "avx2+fma" : "sse2"; }
 
 static void set_simd_path(const std::string& path) {
-  TORCH_CHECK(path == "sse2" || path == "avx2+fma", "lltm_fused: simd path must be 'sse2' or 'avx2+fma', got '", path, "'");
-  TORCH_CHECK(path == "sse2" || cpu_has_avx2_fma(), "lltm_fused: this CPU has no AVX2 + FMA: the 'avx2+fma' path cannot run");
+  TORCH_CHECK(path == "sse2" || path == "avx2+fma", kStage, ": simd path must be 'sse2' or 'avx2+fma', got '", path, "'");
+  TORCH_CHECK(path == "sse2" || cpu_has_avx2_fma(), kStage, ": this CPU has no AVX2 + FMA: the 'avx2+fma' path cannot run");
   use_avx2.store(path == "avx2+fma");
 }
 
@@ -244,17 +247,17 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
 std::vector<at::Tensor> forward_pass(const at::Tensor& gates, const at::Tensor& old_cell) {
   TORCH_CHECK(old_cell.dim() == 2 && gates.dim() == 2 && gates.is_contiguous() && gates.size(0) == old_cell.size(0) &&
                   gates.size(1) == 3 * old_cell.size(1),
-              "lltm_fused: gates must be a contiguous (B, 3S) tensor for old_cell (B, S), got gates ", gates.sizes(),
+              kStage, ": gates must be a contiguous (B, 3S) tensor for old_cell (B, S), got gates ", gates.sizes(),
               " and old_cell ", old_cell.sizes());
   TORCH_CHECK(gates.scalar_type() == old_cell.scalar_type() && gates.device().is_cpu() && old_cell.device().is_cpu(),
-              "lltm_fused: gates and old_cell must be CPU tensors of one dtype, got ", gates.scalar_type(), " on ",
+              kStage, ": gates and old_cell must be CPU tensors of one dtype, got ", gates.scalar_type(), " on ",
               gates.device(), " and ", old_cell.scalar_type(), " on ", old_cell.device());
   const int64_t batch = old_cell.size(0), state = old_cell.size(1);
   const auto old_cell_c = old_cell.contiguous();  // a named local: its data_ptr stays valid
   auto new_h = at::empty({batch, state}, old_cell.options());
   auto new_cell = at::empty({batch, state}, old_cell.options());
 
-  AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_fused_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_forward", [&] {
     const scalar_t* __restrict__ g_all = gates.data_ptr<scalar_t>();
     const scalar_t* __restrict__ c_all = old_cell_c.data_ptr<scalar_t>();
     scalar_t* __restrict__ h_out = new_h.data_ptr<scalar_t>();
@@ -283,16 +286,16 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
                                       const at::Tensor& old_h, const at::Tensor& weights, bool need_d_X,
                                       bool need_d_weights) {
   TORCH_CHECK(grad_h.sizes() == new_cell.sizes() && grad_cell.sizes() == new_cell.sizes(),
-              "lltm_fused: grad_h and grad_cell must have new_cell's shape ", new_cell.sizes(), ", got ",
+              kStage, ": grad_h and grad_cell must have new_cell's shape ", new_cell.sizes(), ", got ",
               grad_h.sizes(), " and ", grad_cell.sizes());
   TORCH_CHECK(gates.is_contiguous() && gates.size(0) == new_cell.size(0) && gates.size(1) == 3 * new_cell.size(1),
-              "lltm_fused: gates must be the contiguous (B, 3S) tensor forward returned, got ", gates.sizes());
+              kStage, ": gates must be the contiguous (B, 3S) tensor forward returned, got ", gates.sizes());
   const int64_t batch = new_cell.size(0), state = new_cell.size(1);
   const auto grad_h_c = grad_h.contiguous(), grad_cell_c = grad_cell.contiguous(), new_cell_c = new_cell.contiguous();
   auto d_gates = at::empty({batch, 3 * state}, gates.options());
   auto d_old_cell = at::empty({batch, state}, gates.options());
 
-  AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_fused_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_backward", [&] {
     const scalar_t* __restrict__ g_all = gates.data_ptr<scalar_t>();
     const scalar_t* __restrict__ gh_all = grad_h_c.data_ptr<scalar_t>();
     const scalar_t* __restrict__ gc_all = grad_cell_c.data_ptr<scalar_t>();
