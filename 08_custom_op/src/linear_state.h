@@ -43,8 +43,9 @@ inline Config default_config() {
   return l_config;
 }
 
-// A plan caps at this many batch sizes per dtype; beyond, the plans are dropped and rebuilt on
-// demand (cheap: their kernels stay in the state's kernel table).
+// Each dtype's plan table holds at most this many plans, one per (product, batch size): 85 batch
+// sizes when all three products run. Beyond, the plans are dropped and rebuilt on demand (cheap:
+// their kernels stay in the state's kernel table).
 constexpr size_t kMaxPlans = 256;
 
 inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)

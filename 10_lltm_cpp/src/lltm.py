@@ -13,7 +13,8 @@ jit.py), with the two functions stage 09 wrote in Python:
 
 What changed since stage 09: check_inputs, the derivatives, forward and backward left this
 file for lltm.cpp (the checks are TORCH_CHECKs there: one place); the module now calls
-LLTMFunction, since autograd cannot see into C++. The answer to "is it faster?" is in the
+LLTMFunction, so that lltm.cpp's hand-written backward runs (autograd would otherwise trace the
+ATen calls of _C.forward op by op). The answer to "is it faster?" is in the
 README: C++ removes the interpreter between the ops, not the ops.
 
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
@@ -47,8 +48,9 @@ class LLTMFunction(torch.autograd.Function):
         # whether a second backward could be asked for (grad_h alone is often a constant).
         return LLTMFunction.backward_once(ctx, grad_h, grad_cell, *ctx.saved_tensors)
 
-    # The backward is C++, outside autograd: its result cannot be differentiated again.
-    # The decorator makes a second backward (create_graph=True) raise instead of silently returning wrong second derivatives.
+    # Once differentiable, the contract of every C++ stage (stage 04's README: the ATen calls here
+    # could be recorded, the raw-pointer loops of 05-07 and 11 could not). The decorator makes a
+    # second backward (create_graph=True) raise instead of silently returning wrong second derivatives.
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward_once(ctx, grad_h, grad_cell, *saved):
@@ -85,7 +87,7 @@ class LLTM(torch.nn.Module):
 
     def forward(self, input, state):
         old_h, old_cell = state
-        # Autograd cannot see into C++: the Function's hand-written backward does the gradients.
+        # The Function runs the C++ forward and its hand-written backward: autograd records neither.
         return LLTMFunction.apply(input, self.weights, self.bias, old_h, old_cell)
 
     def extra_repr(self):

@@ -109,7 +109,7 @@ class LLTM(torch.nn.Module):
 
     def forward(self, input, state):
         old_h, old_cell = state
-        # Autograd cannot see into C++: the Function's hand-written backward does the gradients.
+        # The Function runs the C++ forward and its hand-written backward: autograd records neither.
         return LLTMFunction.apply(input, self.weights, self.bias, old_h, old_cell)
 
     def extra_repr(self):

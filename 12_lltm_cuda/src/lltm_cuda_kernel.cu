@@ -78,7 +78,7 @@ __device__ __forceinline__ scalar_t sigmoid(scalar_t z) {
 }
 
 // elu(z) = z for z > 0, alpha (e^z - 1) otherwise. A branch, not fmaxf(0, z) + fminf(0, ...):
-// those are float-only and would truncate a double. expm1 keeps e^z - 1 exact for small z.
+// those are float-only and would truncate a double. expm1 keeps e^z - 1 accurate for small z (no cancellation).
 template <typename scalar_t>
 __device__ __forceinline__ scalar_t elu(scalar_t z, scalar_t alpha = scalar_t(1)) {
   return z > scalar_t(0) ? z : alpha * expm1(z);

@@ -40,16 +40,3 @@ def test_the_code_path_is_read_from_the_banner(banner, path):
                          ids=["nothing", "another-blas", "calls-without-banner"])
 def test_no_banner_is_no_code_path(output):
     assert tour.mkl_code_path(output) is None
-
-
-def test_the_parser_that_looked_for_processors_missed_the_xeon():
-    # The earlier parser took the first line holding "processors" and cut it at the first
-    # comma: it found nothing in the Xeon's banner and called MKL "another BLAS".
-    def earlier(out):
-        for line in out.splitlines():
-            if "processors" in line:
-                return line.split(" for ", 1)[-1].split(",")[0].strip()
-        return None
-
-    assert earlier(XEON) is None and tour.mkl_code_path(XEON) is not None
-    assert earlier(AMD) == tour.mkl_code_path(AMD)  # the AMD line reads as it did

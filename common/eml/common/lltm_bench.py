@@ -1,16 +1,20 @@
-"""The LLTM benchmark of PyTorch's C++/CUDA extension tutorial (its benchmark.py), for every
-installed LLTM stage, and the tour's LLTM section.
+"""The LLTM benchmark, for every installed LLTM stage, and the tour's LLTM section. It follows
+benchmark.py of pytorch/extension-cpp, the code of PyTorch's tutorial "Custom C++ and CUDA
+Extensions" (the tutorial's text times a similar loop and prints totals).
 
     python -m eml.common.lltm_bench              # both shapes, every installed LLTM stage
     python -m eml.common.lltm_bench --threads 1  # torch.set_num_threads(1) first
     python -m eml.common.lltm_bench --quick      # the tutorial's shape, a few runs
 
-Per cell and shape it prints the tutorial's line, ``Forward: min/avg us | Backward: min/avg us``,
+Per cell and shape it prints benchmark.py's line, ``Forward: min/avg us | Backward: min/avg us``,
 then the speed-up of forward + backward over stage 09's nn.Module (the first cell found, plain
 autograd), from the minima and from the averages, and how many KiB the cell keeps alive for its
-backward beyond its inputs, parameters and outputs. Timing: every call timed on its own with
-time.perf_counter (as the tutorial), the cells interleaved round by round so that a drift of
-the machine hits all of them alike. A stage joins by a "cells" key in its TOUR:
+backward beyond its inputs, parameters and outputs. Timing: every call timed on its own, as
+benchmark.py does, but with time.perf_counter (benchmark.py reads time.time), the cells
+interleaved round by round so that a drift of the machine hits all of them alike. Unlike
+benchmark.py, the inputs X, h and C do not require grad: the backward computes the gradients of
+the weights and the bias only, as when the cell is a model's first layer (a stage that skips
+the input gradients when nobody asks for them gains from this). A stage joins by a "cells" key in its TOUR:
 {label: factory(input_features, state_size) -> module}.
 """
 
@@ -113,7 +117,7 @@ def format_us(values):
 
 
 def benchmark(makers: dict, shapes=SHAPES, *, runs=100, rounds=3, device="cpu", out=print):
-    """Print the tutorial's lines for every cell and shape; return {(label, shape): (fwd, bwd)}."""
+    """Print benchmark.py's lines for every cell and shape; return {(label, shape): (fwd, bwd)}."""
     results = {}
     width = max(len(label) for label in makers)
     baseline = next(iter(makers))

@@ -45,7 +45,7 @@ BASELINE = "torch.nn.Linear"
 # Modules of eml.common with a tour_section(stages, quick) -> bool, run in this order.
 EXTRA_SECTIONS = [
     "eml.common.tour_bf16",
-    "eml.common.lltm_bench",  # the LLTM stages (09-11): correctness, and the extension tutorial's benchmark
+    "eml.common.lltm_bench",  # the LLTM stages (09-11): correctness, and pytorch/extension-cpp's benchmark
     "eml.common.tour_compile",  # registered operators (08): dispatch overhead, compiled MLP vs nn.Linear
 ]
 
