@@ -6,7 +6,7 @@
 //     C (m x n)  (+)=  A (m x k) . B (k x n)        64 x 128 x 128 by default on AVX2
 //
 // that LIBXSMM writes as machine code at run time (JIT) for those exact sizes and the CPU it
-// runs on. Where the data lives while a kernel runs, for the 64 x 128 tiles of AVX2 (64 x 64
+// runs on. Where the data lives while a kernel runs, for the 64 x 128 tiles of AVX2 (128 x 64
 // on AVX-512):
 //   - registers: the kernel holds a small block of C (a few columns of up to 64 rows) in vector
 //     registers while it runs over k, loading a column of A and broadcasting elements of B.

