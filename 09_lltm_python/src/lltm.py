@@ -197,3 +197,12 @@ class LLTMWithFunction(LLTM):
     def forward(self, input, state):
         old_h, old_cell = state
         return LLTMFunction.apply(input, self.weights, self.bias, old_h, old_cell)
+
+
+def compiled_lltm(input_features, state_size):
+    """LLTM under torch.compile (inductor, default options): what a user who writes no C++ gets,
+    the baseline the C++ stages must beat. Module.compile() compiles in place, so the module keeps
+    LLTM's parameters and state_dict keys; the first call of each new shape or dtype compiles."""
+    cell = LLTM(input_features, state_size)
+    cell.compile()
+    return cell

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.autograd.gradcheck import GradcheckError
 
+from eml.common import lltm_bench
 from eml.common.lltm_checks import CellTests, Shape, gradcheck_cell
-from eml.lltm_python import LLTM, LLTMFunction, LLTMWithFunction
+from eml.lltm_python import TOUR, LLTM, LLTMFunction, LLTMWithFunction, compiled_lltm
 from eml.lltm_python import lltm
 
 
@@ -36,3 +37,13 @@ def test_a_wrong_backward_is_caught_by_gradcheck(monkeypatch):
     monkeypatch.setattr(lltm, "d_tanh", lambda z: 1 - z.tanh())
     with pytest.raises(GradcheckError):
         gradcheck_cell(LLTMFunction.apply, Shape(3, 4, 5))
+
+
+def test_the_compiled_cell_is_the_same_cell():
+    """The benchmark's torch.compile row: LLTM under torch.compile, with LLTM's parameters and
+    state_dict keys, matching the reference in float32 and passing gradcheck in float64."""
+    cell = compiled_lltm(4, 5)
+    assert list(cell.state_dict()) == list(LLTM(4, 5).state_dict())
+    ok, line = lltm_bench.check_cell(compiled_lltm)
+    assert ok, line
+    assert TOUR["cells"]["09 python (torch.compile)"] is compiled_lltm
