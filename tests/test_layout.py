@@ -32,8 +32,9 @@ LESSONS = {
     # The second example, the LLTM cell, starts again from Python.
     "09_lltm_python": (None, set(), set()),
     "10_lltm_cpp": ("09_lltm_python", {"src/jit.py", "src/lltm.cpp"}, set()),
-    "11_lltm_fused": ("10_lltm_cpp", set(), set()),
-    "12_lltm_cuda": ("11_lltm_fused", {"benchmark.py", "compile_check.sh", "gpu_run.sh", "src/lltm_cuda.cpp", "src/lltm_cuda_kernel.cu"}, {"src/lltm.cpp"}),
+    "11_lltm_fused": ("10_lltm_cpp", {"breakdown.py"}, set()),
+    "12_lltm_cuda": ("11_lltm_fused", {"benchmark.py", "compile_check.sh", "gpu_run.sh", "src/lltm_cuda.cpp", "src/lltm_cuda_kernel.cu"},
+                     {"src/lltm.cpp", "breakdown.py"}),
     # The other ways to extend PyTorch, each a topic of its own.
     "13_c_ffi": (None, set(), set()),
     "14_autograd_recipes": (None, set(), set()),

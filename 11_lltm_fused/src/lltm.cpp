@@ -320,9 +320,70 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
   return {d_old_h, d_input, d_weights, d_bias, d_old_cell};
 }
 
-// ---- 6. The binding ----
+// ---- 6. The whole cell as one autograd node, in C++ ----
+//
+// lltm.py's LLTMFunction does the same in Python: at (16, 32, 128) its forward and backward cost
+// more than the C++ they call (README: where the time goes). A torch::autograd::Function is the
+// same recipe in C++: the module makes one call per step (_C.cell), and autograd's engine calls
+// backward() without entering Python at all.
+
+// What a second backward would reach: the gradients of a once-differentiable backward are made
+// to require grad through this node, which refuses (as Python's @once_differentiable does).
+struct OnceDifferentiable : public torch::autograd::Function<OnceDifferentiable> {
+  // A TensorList, not a std::vector: Function::apply counts the tensors of a TensorList as inputs.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, at::TensorList grads) {
+    torch::autograd::variable_list aliases;
+    for (const auto& grad : grads) {  // aliases: an output must not be an input itself
+      aliases.push_back(grad.defined() ? grad.view_as(grad) : at::Tensor());
+    }
+    return aliases;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    TORCH_CHECK(false, kStage, ": trying to differentiate twice the LLTM's backward, which is once_differentiable");
+  }
+};
+
+struct LLTMCell : public torch::autograd::Function<LLTMCell> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                                                const at::Tensor& weights, const at::Tensor& bias,
+                                                const at::Tensor& old_h, const at::Tensor& old_cell) {
+    auto outputs = lltm_forward(input, weights, bias, old_h, old_cell);  // {new_h, new_cell, gates}
+    ctx->save_for_backward({outputs[1], outputs[2], input, old_h, weights});  // as LLTMFunction saves
+    ctx->saved_data["bias_sizes"] = bias.sizes().vec();  // d_bias goes back in the bias's own shape
+    return {outputs[0], outputs[1]};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const bool need_d_X = ctx->needs_input_grad(0) || ctx->needs_input_grad(3), need_d_weights = ctx->needs_input_grad(1);
+    // grads[i] is zeros when its output was unused (materialize_grads, the default).
+    auto d = lltm_backward(grads[0].contiguous(), grads[1].contiguous(), saved[0], saved[1], saved[2], saved[3],
+                           saved[4], need_d_X, need_d_weights);  // {d_old_h, d_input, d_weights, d_bias, d_old_cell}
+    torch::autograd::variable_list result = {
+        ctx->needs_input_grad(0) ? d[1] : at::Tensor(), ctx->needs_input_grad(1) ? d[2] : at::Tensor(),
+        ctx->needs_input_grad(2) ? d[3].reshape(ctx->saved_data["bias_sizes"].toIntVector()) : at::Tensor(),
+        ctx->needs_input_grad(3) ? d[0] : at::Tensor(), ctx->needs_input_grad(4) ? d[4] : at::Tensor()};
+    if (!torch::GradMode::is_enabled()) return result;  // the usual case: create_graph=False
+    // create_graph=True: the fused passes are invisible to autograd, so a second backward through
+    // these gradients would silently miss terms. Route them through OnceDifferentiable instead.
+    for (auto& grad : result) {
+      if (grad.defined()) grad = grad.detach().requires_grad_();
+    }
+    return OnceDifferentiable::apply(at::TensorList(result));
+  }
+};
+
+// (new_h, new_cell), differentiable: what LLTM.forward calls.
+std::vector<at::Tensor> lltm_cell(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
+                                  const at::Tensor& old_h, const at::Tensor& old_cell) {
+  return LLTMCell::apply(input, weights, bias, old_h, old_cell);
+}
+
+// ---- 7. The binding ----
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("cell", &lltm_cell, "the LLTM cell as one autograd node: (new_h, new_cell), backward in C++");
   m.def("forward", &lltm_forward, "LLTM forward (one GEMM, one fused element-wise pass)");
   m.def("backward", &lltm_backward, "LLTM backward (one fused element-wise pass, then the GEMMs)");
   m.def("forward_pass", &forward_pass, "the forward's fused pass alone: (gates, old_cell) -> [new_h, new_cell]");

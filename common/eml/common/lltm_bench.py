@@ -28,6 +28,7 @@ import sys
 import time
 
 import torch
+from torch._functorch import config as functorch_config  # check_cell: gradcheck of a compiled cell
 
 from eml.common import lltm_checks
 from eml.common.timing import cpu_name
@@ -151,7 +152,7 @@ def check_cell(make_cell, shape=lltm_checks.Shape(16, 32, 128), device="cpu"):
         # gradcheck runs the backward once per output element (retain_graph=True). A cell under
         # torch.compile refuses that when AOTAutograd donates the backward's buffers (a memory
         # optimisation); the float64 graph gradcheck compiles is built without it.
-        with torch._functorch.config.patch(donated_buffer=False):
+        with functorch_config.patch(donated_buffer=False):
             verdict = "pass" if lltm_checks.gradcheck_cell(lltm_checks.module_as_function(small), device=device) else "FAIL"
     except Exception as error:  # gradcheck raises with the mismatching Jacobian
         verdict = f"FAIL ({str(error).splitlines()[0]})"
