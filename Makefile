@@ -4,7 +4,7 @@
 #                stage built and installed), then run the tour: every stage checked and
 #                timed against torch.nn.Linear
 #   make test    the same set-up (quick when already done), then every stage's tests and
-#                every notebook under pytest --nbval
+#                every notebook under pytest --nbval (timing cells timed briefly: EML_QUICK_TIMING)
 #
 # Other targets: setup, tour, notebooks (re-execute them in place), clean.
 # A stage is any folder named NN_something; `make` builds each one whose files changed.
@@ -78,7 +78,7 @@ tour: setup
 	@$(PY) -m eml.common.tour
 
 test: setup
-	@$(PY) -m pytest
+	@EML_QUICK_TIMING=1 $(PY) -m pytest
 
 notebooks: setup
 	@for nb in $(NOTEBOOKS); do echo "==> executing $$nb"; \
