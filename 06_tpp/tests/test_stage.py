@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from eml.common.checks import CASES, Case, FunctionTests, LayerTests, assert_close, expect_error
 from eml.common.cpp_checks import (
-    AWKWARD, CppModuleTests, assert_no_matrix_product, assert_results_close, everything, expected_grads, tensors,
+    AWKWARD, CppModuleTests, assert_exports_no_symbol_of, assert_no_matrix_product, assert_results_close, everything,
+    expected_grads, tensors,
 )
 from eml.linear_tpp import TOUR, Function, Layer, _C, peak_gflops
 
@@ -451,14 +452,9 @@ def test_libxsmm_stays_inside_the_module():
     assert not leaked, f"_C exports LIBXSMM symbols: {leaked[:5]}"
 
 
-@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
 def test_exports_no_cpp_symbol_of_its_own():
-    """-fvisibility=hidden: _C exports its init function and none of its own C++ (namespace tpp,
-    which stages 06, 07 and 08 share), so one process can load all three."""
-    symbols = subprocess.run(["nm", "-D", "-C", "--defined-only", _C.__file__], capture_output=True, text=True, check=True).stdout
-    own = [line.split(maxsplit=2)[-1] for line in symbols.splitlines() if "tpp::" in line]
-    assert not own, f"_C exports {len(own)} symbol(s) of namespace tpp: {own[:3]}"
-    assert re.search(r"\bPyInit__C$", symbols, re.M), "_C does not export PyInit__C"
+    """Stages 06, 07 and 08 share the C++ namespace tpp: one process loads all three."""
+    assert_exports_no_symbol_of(_C.__file__, "tpp")
 
 
 # -- no ATen matrix product anywhere in this stage's source: LIBXSMM does every GEMM ------

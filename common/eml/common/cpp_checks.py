@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 import pathlib
 import re
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -277,3 +279,22 @@ def assert_no_matrix_product(stage_dir):
     for path in sources:
         calls = matrix_product_calls(path)
         assert not calls, f"{path.relative_to(source_dir)} calls a matrix product: {calls}"
+
+
+# -- what a compiled module exports ------------------------------------------------------------
+def exported_symbols(path):
+    """The dynamic symbols a shared object defines, demangled (nm -D -C --defined-only)."""
+    if shutil.which("nm") is None:
+        pytest.skip("needs binutils' nm")
+    result = subprocess.run(["nm", "-D", "-C", "--defined-only", str(path)], capture_output=True, text=True, check=True)
+    return result.stdout.splitlines()
+
+
+def assert_exports_no_symbol_of(path, namespace):
+    """-fvisibility=hidden: the module exports its init function, PyInit__C, and no symbol of its
+    own C++ namespace, so that modules sharing the namespace can live in one process."""
+    lines = exported_symbols(path)
+    own = [line.split(maxsplit=2)[-1] for line in lines if f"{namespace}::" in line]
+    name = pathlib.Path(path).name
+    assert not own, f"{name} exports {len(own)} symbol(s) of namespace {namespace}: {own[:3]}"
+    assert any(line.endswith(" PyInit__C") for line in lines), f"{name} does not export PyInit__C"
