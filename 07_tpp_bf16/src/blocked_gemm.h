@@ -9,7 +9,7 @@
 //   - each tile is accumulated in a bm x bn buffer of the thread's own (ldc = bm) over a chunk,
 //     then stored into C (the first chunk, the bias added on the way) or added to it (the rest).
 // Nothing here knows about the layer: linear_state.h builds one BlockedGemm per product and
-// batch size (a plan), FunctionCpp.cpp runs them. The picture of the loop nest:
+// batch size (a plan), products.h runs them. The picture of the loop nest:
 //
 // ---- The loop nest (BlockedGemm::run) --------------------------------------------------
 //

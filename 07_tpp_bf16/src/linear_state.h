@@ -265,7 +265,8 @@ class LinearState {
   // Without i_cache (training: W changes every step anyway; gradcheck writes W through .data),
   // W is packed for this call alone and any cached pack is dropped.
   // New in stage 07: i_kind says which layout is cached (kPanels or kVnniPanels, part of the
-  // key), and i_make() makes the panels on a miss (FunctionCpp.cpp passes the packing).
+  // key), and i_make() makes the panels on a miss (the caller passes the packing: products.h
+  // the fp32 panels, FunctionCpp.cpp's section 6 the VNNI-2 ones).
   template <typename Make>
   at::Tensor packed_weight(const at::Tensor& i_weight, idx i_bm, PackKind i_kind, bool i_cache, Make&& i_make) {
     const bool l_cacheable = i_cache && !i_weight.is_inference();  // inference tensors have no version counter
