@@ -14,17 +14,10 @@ import statistics
 import torch
 from torch.utils import benchmark
 
+from eml.common.timing import cpu_name  # family, model and vector extension: the CPU to name beside a figure
+
 from . import clib, layer, ops
 from .layer import AddFunction
-
-
-def cpu_name() -> str:
-    fields = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')})"
 
 
 def measure(sizes=(1, 1 << 20), rounds=5, min_run_time=0.05):
