@@ -27,7 +27,9 @@ import torch
 
 from . import _C  # noqa: F401  loading _C.abi3.so runs TORCH_LIBRARY: torch.ops.eml.* exist from here on
 
-ops = torch.ops.eml
+STAGE = "linear_op"  # the first word of every message, as the C++ kStage
+NAMESPACE = "eml"  # the ops' namespace: torch.ops.eml.linear is "eml::linear" to torch.library
+ops = getattr(torch.ops, NAMESPACE)
 
 # LIBXSMM 1.17's GEMM flags (libxsmm_typedefs.h), for ops.tpp_dispatch_check.
 FLAG_TRANS_A, FLAG_TRANS_B, FLAG_BETA_0 = 1, 2, 16
@@ -46,9 +48,9 @@ def backward(grad_output, input, weights, *needs):
     ``input`` (``weights``) may be None when grad_weight (grad_input) is not asked for."""
     need_input, need_weights, need_bias = needs or (True, True, False)
     if need_input and weights is None:
-        raise ValueError("linear_op: grad_input needs the weight, got None")
+        raise ValueError(f"{STAGE}: grad_input needs the weight, got None")
     if need_weights and input is None:
-        raise ValueError("linear_op: grad_weight needs the input, got None")
+        raise ValueError(f"{STAGE}: grad_weight needs the input, got None")
     grads = [
         ops.linear_grad_input(grad_output, weights) if need_input else None,
         ops.linear_grad_weight(grad_output, input) if need_weights else None,
@@ -63,7 +65,7 @@ def backward(grad_output, input, weights, *needs):
 # function. It must agree with the CPU kernel: opcheck's test_faketensor compares the two.
 # The checks raise the C++ kernel's messages at trace time, where the C++ never runs.
 def _check(condition, message):
-    torch._check(condition, lambda: f"linear_op: {message}")
+    torch._check(condition, lambda: f"{STAGE}: {message}")
 
 
 def _check_like_weight(weight, **tensors):
@@ -72,7 +74,7 @@ def _check_like_weight(weight, **tensors):
         _check(tensor.dtype == weight.dtype, f"expected the {name} dtype {weight.dtype} (the weight's), got {tensor.dtype}")
 
 
-@torch.library.register_fake("eml::linear")
+@torch.library.register_fake(f"{NAMESPACE}::linear")
 def _linear_fake(input, weight, bias):
     _check(weight.dim() == 2, f"expected a 2-d weight (out_features, in_features), got {weight.dim()} dimension(s)")
     _check(input.dim() >= 1, "expected an input with at least 1 dimension (*, in_features), got a 0-d tensor")
@@ -85,20 +87,20 @@ def _linear_fake(input, weight, bias):
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
 
 
-@torch.library.register_fake("eml::linear_grad_input")
+@torch.library.register_fake(f"{NAMESPACE}::linear_grad_input")
 def _linear_grad_input_fake(grad_output, weight):
     _check_like_weight(weight, grad_output=grad_output)
     _check(grad_output.shape[-1] == weight.shape[0], f"expected {weight.shape[0]} output features in grad_output, got {grad_output.shape[-1]}")
     return grad_output.new_empty((*grad_output.shape[:-1], weight.shape[1]))
 
 
-@torch.library.register_fake("eml::linear_grad_weight")
+@torch.library.register_fake(f"{NAMESPACE}::linear_grad_weight")
 def _linear_grad_weight_fake(grad_output, input):
     _check(grad_output.shape[:-1] == input.shape[:-1], f"expected grad_output's leading dimensions {list(input.shape[:-1])} (the input's), got {list(grad_output.shape[:-1])}")
     return grad_output.new_empty((grad_output.shape[-1], input.shape[-1]))
 
 
-@torch.library.register_fake("eml::linear_grad_bias")
+@torch.library.register_fake(f"{NAMESPACE}::linear_grad_bias")
 def _linear_grad_bias_fake(grad_output):
     return grad_output.new_empty((grad_output.shape[-1],))
 
@@ -149,20 +151,23 @@ def _linear_grad_bias_backward(ctx, grad):
     return grad.expand(ctx.shape)
 
 
-torch.library.register_autograd("eml::linear", _linear_backward, setup_context=_linear_setup_context)
-torch.library.register_autograd("eml::linear_grad_input", _linear_grad_input_backward, setup_context=_save_inputs)
-torch.library.register_autograd("eml::linear_grad_weight", _linear_grad_weight_backward, setup_context=_save_inputs)
-torch.library.register_autograd("eml::linear_grad_bias", _linear_grad_bias_backward,
+torch.library.register_autograd(f"{NAMESPACE}::linear", _linear_backward, setup_context=_linear_setup_context)
+torch.library.register_autograd(f"{NAMESPACE}::linear_grad_input", _linear_grad_input_backward,
+                                setup_context=_save_inputs)
+torch.library.register_autograd(f"{NAMESPACE}::linear_grad_weight", _linear_grad_weight_backward,
+                                setup_context=_save_inputs)
+torch.library.register_autograd(f"{NAMESPACE}::linear_grad_bias", _linear_grad_bias_backward,
                                 setup_context=_linear_grad_bias_setup_context)
 
 
 # ---- 4. Autocast: as nn.Linear under torch.autocast("cpu") -------------------------------------
 # Inside torch.autocast("cpu") (bfloat16, its default), floating inputs are cast to bfloat16
 # before the op runs: float32 parameters, a bfloat16 output, float32 gradients (the cast is
-# differentiable). The backward ops need no rule: autograd runs them outside the autocast region
-# on the bfloat16 tensors saved by the forward. (nn.Linear follows the autocast dtype; this op
+# differentiable). The backward ops need no rule: an op without an Autocast kernel falls through
+# that key and runs in the dtype of the tensors it gets, here the bfloat16 ones saved by the
+# forward, wherever backward() is called. (nn.Linear follows the autocast dtype; this op
 # has no float16 kernel and computes in bfloat16 whatever dtype autocast names.)
-torch.library.register_autocast("eml::linear", "cpu", torch.bfloat16)
+torch.library.register_autocast(f"{NAMESPACE}::linear", "cpu", torch.bfloat16)
 
 
 # ---- 5. vmap: batching rules -----------------------------------------------------------------
@@ -204,6 +209,6 @@ def _vmap_by_loop(op):
     return rule
 
 
-torch.library.register_vmap("eml::linear", _linear_vmap)
+torch.library.register_vmap(f"{NAMESPACE}::linear", _linear_vmap)
 for _name in ("linear_grad_input", "linear_grad_weight", "linear_grad_bias"):
-    torch.library.register_vmap(f"eml::{_name}", _vmap_by_loop(getattr(ops, _name)))
+    torch.library.register_vmap(f"{NAMESPACE}::{_name}", _vmap_by_loop(getattr(ops, _name)))
