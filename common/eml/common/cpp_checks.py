@@ -290,6 +290,23 @@ def exported_symbols(path):
     return result.stdout.splitlines()
 
 
+def imported_symbols(path):
+    """The dynamic symbols a shared object needs from other libraries, demangled (nm -D -C --undefined-only)."""
+    if shutil.which("nm") is None:
+        pytest.skip("needs binutils' nm")
+    result = subprocess.run(["nm", "-D", "-C", "--undefined-only", str(path)], capture_output=True, text=True, check=True)
+    return [line.split(maxsplit=1)[-1] for line in result.stdout.splitlines()]
+
+
+def assert_imports_no_libtorch_cpp_symbol(path):
+    """LibTorch's stable ABI: the module calls libtorch through its C shim only. A C++ name from
+    libtorch (at::, c10::, torch::, caffe2::) changes with every torch release; one is enough
+    for the module to fail to load under another torch with "undefined symbol"."""
+    cpp = [name for name in imported_symbols(path) if re.match(r"(at|c10|torch|caffe2)::", name)]
+    name = pathlib.Path(path).name
+    assert not cpp, f"{name} imports {len(cpp)} libtorch C++ symbol(s), e.g. {cpp[:3]}"
+
+
 def assert_exports_no_symbol_of(path, namespace):
     """-fvisibility=hidden: the module exports its init function, PyInit__C, and no symbol of its
     own C++ namespace, so that modules sharing the namespace can live in one process."""
