@@ -39,6 +39,8 @@ LESSONS = {
     "13_c_ffi": (None, set(), set()),
     "14_autograd_recipes": (None, set(), set()),
     "15_tensor_subclasses": (None, set(), set()),
+    # 08 again, on LibTorch's stable ABI: a benchmark against 08 and the second-torch check.
+    "16_stable_abi": ("08_custom_op", {"benchmark.py", "other_torch_check.sh"}, {"bench_state.py"}),
 }
 
 # Every stage folder holds at least these.

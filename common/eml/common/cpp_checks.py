@@ -298,11 +298,17 @@ def imported_symbols(path):
     return [line.split(maxsplit=1)[-1] for line in result.stdout.splitlines()]
 
 
+def libtorch_cpp_imports(path):
+    """The imported symbols that name libtorch's C++: at::, c10::, torch:: or caffe2:: anywhere in
+    the demangled name (a function, or "typeinfo for c10::Error", or a template over c10 types)."""
+    return [name for name in imported_symbols(path) if re.search(r"\b(at|c10|torch|caffe2)::", name)]
+
+
 def assert_imports_no_libtorch_cpp_symbol(path):
     """LibTorch's stable ABI: the module calls libtorch through its C shim only. A C++ name from
-    libtorch (at::, c10::, torch::, caffe2::) changes with every torch release; one is enough
-    for the module to fail to load under another torch with "undefined symbol"."""
-    cpp = [name for name in imported_symbols(path) if re.match(r"(at|c10|torch|caffe2)::", name)]
+    libtorch changes with any torch release, with no promise; one is enough for the module to
+    fail to load under another torch ("undefined symbol"), or to load and disagree with it."""
+    cpp = libtorch_cpp_imports(path)
     name = pathlib.Path(path).name
     assert not cpp, f"{name} imports {len(cpp)} libtorch C++ symbol(s), e.g. {cpp[:3]}"
 
