@@ -286,6 +286,11 @@ def test_activation_checkpointing():
         assert torch.equal(a, b), "recomputing the forward gives bitwise the same gradients"
 
 
+def test_ddp_two_ranks_match_one_process(tmp_path):
+    """DistributedDataParallel on gloo, two processes on half a batch each: nn.Linear's drop-in there too."""
+    op_checks.assert_ddp_matches_one_process("eml.linear_stable:Layer", tmp_path)
+
+
 # -- the process-wide state -------------------------------------------------------------------------
 def test_one_state_per_shape_shared_by_every_layer():
     before = ops.tpp_states()

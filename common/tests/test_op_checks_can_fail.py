@@ -135,3 +135,27 @@ def test_export_that_only_works_for_the_example_batch_is_caught():
     # export itself refuses: the model specialises the batch that was declared dynamic
     with pytest.raises(torch._dynamo.exc.UserError, match=r"Constraints violated \(batch\)"):
         op_checks.assert_export_runs(op_checks.mlp(FixedBatch, sizes=(6, 3)), torch.randn(4, 6), [1, 9])
+
+
+BROKEN_FOR_DDP = """
+import torch, torch.nn.functional as F
+
+
+class DetachesWeight(torch.nn.Linear):
+    \"\"\"Computes the right output but cuts its weight out of the graph: no weight gradient.\"\"\"
+
+    def forward(self, input):
+        return F.linear(input, self.weight.detach(), self.bias)
+"""
+
+
+def test_ddp_check_fails_on_a_layer_that_loses_its_weight_gradient(tmp_path, monkeypatch):
+    (tmp_path / "broken_for_ddp.py").write_text(BROKEN_FOR_DDP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the ranks are fresh processes
+    with pytest.raises(AssertionError, match="got no gradient"):
+        op_checks.assert_ddp_matches_one_process("broken_for_ddp:DetachesWeight", tmp_path)
+
+
+def test_ddp_check_passes_on_nn_linear(tmp_path):
+    op_checks.assert_ddp_matches_one_process("torch.nn:Linear", tmp_path)

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
+import subprocess
+import sys
 
 import torch
 
@@ -191,3 +194,46 @@ def round_trip(module):
     torch.save(module, buffer)
     buffer.seek(0)
     return copy.deepcopy(module), torch.load(buffer, weights_only=False)
+
+
+# -- DistributedDataParallel: two ranks on gloo against one process --------------------------------
+_DDP_RANK = """
+import sys, importlib, torch, torch.distributed as dist
+from eml.common import op_checks
+module, name = {factory!r}.split(":")
+make_layer = getattr(importlib.import_module(module), name)
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method={init!r}, rank=rank, world_size=2)
+model = torch.nn.parallel.DistributedDataParallel(op_checks.mlp(make_layer))
+x = torch.load({data!r})
+model(x.chunk(2)[rank]).pow(2).mean().backward()
+torch.save([p.grad for p in model.module.parameters()], {out!r}.format(rank))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def assert_ddp_matches_one_process(factory, tmp_path, batch=10):
+    """Two processes train ``op_checks.mlp(make_layer)`` under DistributedDataParallel (gloo),
+    each on half of one batch; their averaged gradients must equal one process's on the whole
+    batch. ``factory`` names the layer as "module:attribute", importable in a fresh process.
+    torch 2.13's gloo teardown sometimes aborts a rank after its work is done, so the ranks are
+    judged by the gradients they saved, not by their exit codes."""
+    module, name = factory.split(":")
+    make_layer = getattr(importlib.import_module(module), name)
+    x = torch.randn(batch, 16, generator=torch.Generator().manual_seed(0))
+    torch.save(x, tmp_path / "x.pt")
+    script = _DDP_RANK.format(factory=factory, init=f"file://{tmp_path / 'rendezvous'}", data=str(tmp_path / "x.pt"),
+                              out=str(tmp_path / "grads{}.pt"))
+    ranks = [subprocess.Popen([sys.executable, "-c", script, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for rank in range(2)]
+    logs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    saved = [tmp_path / f"grads{rank}.pt" for rank in range(2)]
+    assert all(path.exists() for path in saved), f"a rank saved no gradients: {logs}"
+    model = mlp(make_layer)
+    model(x).pow(2).mean().backward()
+    for rank, path in enumerate(saved):
+        for index, (got, param) in enumerate(zip(torch.load(path), model.parameters())):
+            assert got is not None, f"rank {rank}: parameter {index} got no gradient"
+            torch.testing.assert_close(got, param.grad, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank}, parameter {index}: DDP's gradient differs: {m}")
