@@ -27,14 +27,14 @@
 //   blocked_gemm.h   2. the loop nest around the fp32/fp64 kernels (as stage 06), with its picture
 //   vnni_gemm.h      2b-2d. VNNI-2 packing, the reference micro-kernel, the bf16 loop nest (new)
 //   linear_state.h   3. the layer's state: kernels, plans, packed weight, and its bf16 path
-//   FunctionCpp.cpp  4. input checks, 6. bfloat16 (new), 7. forward and backward (this file)
+//   FunctionCpp.cpp  4. input checks, 5b. bfloat16 (new), 6. forward and backward (this file)
 //   products.h       5. the fp32/fp64 products on raw pointers (as stage 06)
-//   tools.cpp        8. tools: dispatch probe, peak probes, VNNI-2 packing (new: the bf16 ones)
+//   tools.cpp        7. tools: dispatch probe, peak probes, VNNI-2 packing (new: the bf16 ones)
 //   FunctionCpp.h    the functions Python calls (declarations)
 //   bindings.cpp     the pybind11 module: the only file that sees Python
 //
 // What changed since stage 06: check_inputs accepts BFloat16; forward and backward send bf16
-// to section 6, which runs the layer's bf16 path ("vnni", "reference" or "fp32", a property of
+// to section 5b, which runs the layer's bf16 path ("vnni", "reference" or "fp32", a property of
 // the LinearState); the pack cache's key has a pack kind (fp32 panels or VNNI-2 panels) and
 // packs only on a miss; new tools: pack_vnni2, peak_gflops_bf16, bf16_kernels_available.
 // float32 and float64 run exactly as in stage 06.
@@ -70,7 +70,7 @@ void check_inputs(const std::optional<torch::Tensor>& i_input,
   TORCH_CHECK(i_weight || !i_need_grad_input, kStage, ": grad_input needs the weight, got None");
   TORCH_CHECK(i_input || !i_need_grad_weights, kStage, ": grad_weight needs the input, got None");
 
-  // Device and dtype: CPU tensors, Float, Double or BFloat16 (new: section 6), all of the
+  // Device and dtype: CPU tensors, Float, Double or BFloat16 (new: section 5b), all of the
   // first one's dtype (the weight's). A bf16 input to a float32 layer is refused here, as
   // torch.nn.Linear refuses it; under torch.autocast, layer.py casts all three to bf16 first.
   const std::pair<const char*, const std::optional<torch::Tensor>*> l_tensors[] = {
@@ -153,7 +153,7 @@ torch::Tensor unflatten_like(const torch::Tensor& i_tensor_2d, const torch::Tens
   return i_tensor_2d.reshape(l_sizes);
 }
 
-// ---- 6. bfloat16: the VNNI path and the fp32 fallback ---------------------------------
+// ---- 5b. bfloat16: the VNNI path and the fp32 fallback --------------------------------
 //
 // Every bf16 product is C (bf16) = A . B with fp32 accumulation and ONE rounding at the end;
 // the bias is added in fp32 before it, grad_bias is summed in fp32. Two ways to get there:
@@ -258,7 +258,7 @@ at::Tensor grad_bias_bf16(const at::Tensor& i_gy) {
 
 }  // namespace
 
-// ---- 7. The bound functions -----------------------------------------------------------
+// ---- 6. The bound functions -----------------------------------------------------------
 
 // y = x W^T + b for x of shape (*, in); without a bias, y = x W^T. i_state: the layer's state
 // (None: a temporary one). i_cache_weight: may reuse and keep the packed W (see packed_weight).
@@ -273,7 +273,7 @@ torch::Tensor forward(torch::Tensor i_input, torch::Tensor i_weight, std::option
   const torch::Tensor l_weight = i_weight.contiguous();                          // (out, in)
   const torch::Tensor l_bias = i_bias ? i_bias->contiguous() : torch::Tensor();  // (out), or undefined
   const int64_t l_n = l_input.size(0), l_in = l_weight.size(1), l_out = l_weight.size(0);
-  if (l_input.scalar_type() == torch::kBFloat16) {  // new: section 6
+  if (l_input.scalar_type() == torch::kBFloat16) {  // new: section 5b
     return unflatten_like(forward_bf16(l_state, i_weight, l_input, l_weight, l_bias, i_cache_weight), i_input);
   }
   torch::Tensor l_output = torch::empty({l_n, l_out}, l_input.options());  // every element is written
@@ -310,7 +310,7 @@ std::vector<torch::Tensor> backward(torch::Tensor i_grad_output,
   LinearState* l_state = nullptr;  // grad_bias alone needs no kernel, so no state
   if (i_need_grad_input || i_need_grad_weights) l_state = &state_for(i_state, l_in, l_out, l_temporary);
   torch::Tensor l_grad_input, l_grad_weights, l_grad_bias;  // undefined until computed
-  if (l_grad_output.scalar_type() == torch::kBFloat16) {  // new: section 6
+  if (l_grad_output.scalar_type() == torch::kBFloat16) {  // new: section 5b
     if (i_need_grad_input) l_grad_input = unflatten_like(grad_input_bf16(*l_state, l_grad_output, i_weights->contiguous()), i_grad_output);
     if (i_need_grad_weights) l_grad_weights = grad_weight_bf16(*l_state, l_grad_output, flatten_to_2d(*i_input).contiguous());
     if (i_need_grad_bias) l_grad_bias = grad_bias_bf16(l_grad_output);

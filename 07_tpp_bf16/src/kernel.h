@@ -116,7 +116,7 @@ typename Xsmm<T>::Fn dispatch_kernel(const KernelShape& i_shape) {
 // targets: native code where the CPU has AVX512-BF16 (Cooper Lake, Sapphire Rapids, AMD Zen 4 and
 // later: target "cpx" or newer), an emulation on other AVX-512 CPUs (exact, but slower than the
 // float32 kernels), NULL on AVX2 ("hsw"). Where it is NULL or emulated, a new layer takes the
-// float32 path (FunctionCpp.cpp, section 6; linear_state.h, the bf16 path).
+// float32 path (FunctionCpp.cpp, section 5b; linear_state.h, the bf16 path).
 using Bf16Fn = libxsmm_bsmmfunction_reducebatch_strd;  // void (*)(a, b, c, const unsigned long long* count, ...)
 
 struct Bf16KernelShape {

@@ -51,7 +51,7 @@ constexpr size_t kMaxPlans = 256;
 
 inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)
 
-// How a layer computes in bfloat16 (FunctionCpp.cpp, section 6):
+// How a layer computes in bfloat16 (FunctionCpp.cpp, section 5b):
 //   kVnni       LIBXSMM's bf16 batch-reduce kernels on VNNI-2 packed operands (AVX-512 only)
 //   kReference  the same packing and loop nest, reference_batch_reduce as the kernel (any CPU; slow)
 //   kFp32       the fallback: bf16 operands converted to fp32 once, stage 06's fp32 kernels,
@@ -266,7 +266,7 @@ class LinearState {
   // W is packed for this call alone and any cached pack is dropped.
   // New in stage 07: i_kind says which layout is cached (kPanels or kVnniPanels, part of the
   // key), and i_make() makes the panels on a miss (the caller passes the packing: products.h
-  // the fp32 panels, FunctionCpp.cpp's section 6 the VNNI-2 ones).
+  // the fp32 panels, FunctionCpp.cpp's section 5b the VNNI-2 ones).
   template <typename Make>
   at::Tensor packed_weight(const at::Tensor& i_weight, idx i_bm, PackKind i_kind, bool i_cache, Make&& i_make) {
     const bool l_cacheable = i_cache && !i_weight.is_inference();  // inference tensors have no version counter

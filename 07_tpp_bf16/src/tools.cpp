@@ -10,7 +10,7 @@
 
 namespace tpp {
 
-// ---- 8. Tools: a dispatch probe, the peak probes, the VNNI-2 packing ----------------
+// ---- 7. Tools: a dispatch probe, the peak probes, the VNNI-2 packing ----------------
 
 // Dispatches one kernel, C(m x n) (+)= A(m x k) op(B) with tight leading dimensions, through the
 // same checked path as the layer; returns True, or raises naming the request (a NULL kernel).

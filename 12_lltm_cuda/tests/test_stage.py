@@ -68,7 +68,10 @@ def installed_package():
 # ---- 1. The host source, read: what only a GPU could show by running it ----
 
 def host_defects(text):
-    """The defects of the host .cpp: asserts instead of TORCH_CHECK, unchecked device or dtype."""
+    """The defects of the host .cpp: asserts instead of TORCH_CHECK, unchecked device or dtype.
+    A read of the text, not of behaviour: it guards against a check being removed (an unused
+    line would satisfy it). What the checks do is tested on a GPU (sections 4 and 6), the kernels'
+    behaviour on the CPU emulation (sections 1b and 1c)."""
     code = code_only(text, "//")
     defects = []
     if re.search(r"\bassert\s*\(", code):
