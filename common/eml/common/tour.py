@@ -128,7 +128,7 @@ def main(argv=None):
 
     # Two baselines: torch.nn.Linear (MKL here) and the same layer on numpy's OpenBLAS.
     makers = {BASELINE: lambda i, o: torch.nn.Linear(i, o), numpy_linear.LABEL: numpy_linear.NumpyLinear}
-    failures, peak = [], None
+    failures, peaks = [], []
     for index, (name, stage) in enumerate(stages, 1):
         print(f"[{index}/{len(stages)}] {name}", flush=True)
         if "demo" in stage:
@@ -154,8 +154,8 @@ def main(argv=None):
             if not ok:
                 failures.append(label)
         if "peak_gflops" in stage:
-            peak = stage["peak_gflops"]()
-            print(f"  peak probe: {peak:.1f} GFLOP/s (in-cache kernel loop, float32, all threads)", flush=True)
+            peaks.append(stage["peak_gflops"]())
+            print(f"  peak probe: {peaks[-1]:.1f} GFLOP/s (in-cache kernel loop, float32, all threads)", flush=True)
 
     print(f"\ntiming: float32, {torch.get_num_threads()} threads, median of {rounds} interleaved rounds;"
           f" x = speed-up over {BASELINE}", flush=True)
@@ -167,6 +167,10 @@ def main(argv=None):
         results += timing.time_layers(makers, shape, rounds=rounds, min_run_time=min_run_time)
         print(f" {time.perf_counter() - start:.0f} s", flush=True)
     print()
+    # Every probe measures the same thing; one that overlapped other work reads low, never high.
+    peak = max(peaks, default=None)
+    if peak:
+        print(f"%pk: share of {peak:.1f} GFLOP/s, the best of the {len(peaks)} peak probes above")
     print(timing.format_table(results, BASELINE, peak_gflops=peak))
     for section in EXTRA_SECTIONS:
         print(flush=True)

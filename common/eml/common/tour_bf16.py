@@ -72,7 +72,9 @@ def tour_section(stages, quick: bool) -> bool:
     if peak is None:  # no bf16 peak: show the share of the float32 one, and say so
         fp32_peaks = [stage["peak_gflops"] for _, stage in stages if "peak_gflops" in stage]
         if fp32_peaks:
-            peak, peak_kind = fp32_peaks[-1](), "fp32"
+            peak, peak_kind = max(probe() for probe in fp32_peaks), "fp32"
+            print(f"  float32 peak probe, for %pk fp32: {peak:.1f} GFLOP/s (best of the {len(fp32_peaks)} stages' probes)",
+                  flush=True)
 
     print(f"\ntiming: {torch.get_num_threads()} threads, median of {rounds} interleaved rounds; "
           f"x bf16 / x fp32 = forward+backward speed-up over {TORCH_BF16} / {TORCH_FP32}", flush=True)
