@@ -90,6 +90,12 @@ def _compiled_tables(layers):
         makers = {BASELINE: torch.nn.Linear, **layers}
         timers, start = {}, time.perf_counter()
         compiled = {}
+        # Every compiled module enters dynamo through one shared wrapper frame, whose recompile
+        # limit (8 by default) counts the graphs of all of them: with three MLPs, two grad modes
+        # and two dtypes it was hit, and dynamo silently ran the last MLPs eagerly. A fresh start
+        # per dtype, and room for every model's two graphs.
+        torch._dynamo.reset()
+        torch._dynamo.config.recompile_limit = max(8, 2 * len(makers) + 2)
         for label, make in makers.items():
             model = op_checks.mlp(make, MLP_SIZES, dtype=dtype, activations=MLP_ACTIVATIONS)
             compiled[label] = torch.compile(model, dynamic=False)  # inductor
