@@ -109,8 +109,10 @@ class LLTM(torch.nn.Module):
 
     def forward(self, input, state):
         old_h, old_cell = state
-        # The Function runs the C++ forward and its hand-written backward: autograd records neither.
-        return LLTMFunction.apply(input, self.weights, self.bias, old_h, old_cell)
+        # LLTMFunction's recipe as one C++ autograd node (lltm_cuda.cpp, section 5): one call per
+        # step, and a backward that never enters Python.
+        new_h, new_cell = _extension().cell(input, self.weights, self.bias, old_h, old_cell)
+        return new_h, new_cell
 
     def extra_repr(self):
         return f"input_features={self.input_features}, state_size={self.state_size}"

@@ -1,6 +1,7 @@
 // Stage 12: the LLTM cell on a GPU. This file (host C++) checks the inputs, runs the matrix
 // products on cuBLAS through ATen, and calls the fused element-wise kernels of
-// lltm_cuda_kernel.cu; pybind11 binds forward and backward for lltm.py.
+// lltm_cuda_kernel.cu; pybind11 binds them for lltm.py, with the whole cell as one C++ autograd
+// node (cell, section 5) as in stage 11.
 //
 // What this stage teaches: a CUDA extension is two files, a .cpp for the host compiler (checks,
 // ATen calls, the binding) and a .cu for nvcc (the kernels and their launches).
@@ -29,6 +30,9 @@
 
 #include <vector>
 
+// The stage's name, the first word of every error message: the one line that names the stage.
+static const char* const kStage = "lltm_cuda";
+
 // ---- 1. The two fused kernels, defined in lltm_cuda_kernel.cu ----
 
 // gates (B, 3S), old_cell (B, S) -> new_h, new_cell
@@ -47,19 +51,19 @@ namespace {
 
 // Every tensor: a CUDA tensor, on the first tensor's device, float32 or float64 like the first.
 void check_tensor(const at::Tensor& tensor, const char* name, const at::Tensor& first, const char* first_name) {
-  TORCH_CHECK(tensor.defined(), "lltm_cuda: ", name, " is None; it must be a tensor");
-  TORCH_CHECK(tensor.is_cuda(), "lltm_cuda: ", name, " must be a CUDA tensor, got device ", tensor.device(),
+  TORCH_CHECK(tensor.defined(), kStage, ": ", name, " is None; it must be a tensor");
+  TORCH_CHECK(tensor.is_cuda(), kStage, ": ", name, " must be a CUDA tensor, got device ", tensor.device(),
               " (move it with .cuda(); stages 09-11 run on the CPU)");
-  TORCH_CHECK(tensor.device() == first.device(), "lltm_cuda: ", name, " is on ", tensor.device(), " but ",
+  TORCH_CHECK(tensor.device() == first.device(), kStage, ": ", name, " is on ", tensor.device(), " but ",
               first_name, " is on ", first.device(), "; all tensors must be on one device");
-  TORCH_CHECK(tensor.scalar_type() == at::kFloat || tensor.scalar_type() == at::kDouble, "lltm_cuda: ", name,
+  TORCH_CHECK(tensor.scalar_type() == at::kFloat || tensor.scalar_type() == at::kDouble, kStage, ": ", name,
               " must be float32 or float64, got ", tensor.scalar_type());
-  TORCH_CHECK(tensor.scalar_type() == first.scalar_type(), "lltm_cuda: ", name, " is ", tensor.scalar_type(),
+  TORCH_CHECK(tensor.scalar_type() == first.scalar_type(), kStage, ": ", name, " is ", tensor.scalar_type(),
               " but ", first_name, " is ", first.scalar_type(), "; all tensors must have one dtype");
 }
 
 void check_shape(const at::Tensor& tensor, const char* name, at::IntArrayRef expected) {
-  TORCH_CHECK(tensor.sizes() == expected, "lltm_cuda: ", name, " must have shape ", expected, ", got ",
+  TORCH_CHECK(tensor.sizes() == expected, kStage, ": ", name, " must have shape ", expected, ", got ",
               tensor.sizes());
 }
 
@@ -72,26 +76,26 @@ void check_forward_inputs(const at::Tensor& input, const at::Tensor& weights, co
   check_tensor(bias, "bias", input, "input");
   check_tensor(old_h, "old_h", input, "input");
   check_tensor(old_cell, "old_cell", input, "input");
-  TORCH_CHECK(input.dim() == 2, "lltm_cuda: input must be 2-D (batch, features), got shape ", input.sizes());
+  TORCH_CHECK(input.dim() == 2, kStage, ": input must be 2-D (batch, features), got shape ", input.sizes());
   TORCH_CHECK(weights.dim() == 2 && weights.size(0) % 3 == 0,
-              "lltm_cuda: weights must be 2-D (3 * state, state + features), got shape ", weights.sizes());
+              kStage, ": weights must be 2-D (3 * state, state + features), got shape ", weights.sizes());
   const int64_t batch_size = input.size(0);
   const int64_t features = input.size(1);
   const int64_t state_size = weights.size(0) / 3;
   const struct { const at::Tensor& tensor; const char* name; } states[] = {{old_h, "old_h"}, {old_cell, "old_cell"}};
   for (const auto& item : states) {
-    TORCH_CHECK(item.tensor.dim() == 2, "lltm_cuda: ", item.name, " must be 2-D (batch, state), got shape ",
+    TORCH_CHECK(item.tensor.dim() == 2, kStage, ": ", item.name, " must be 2-D (batch, state), got shape ",
                 item.tensor.sizes());
-    TORCH_CHECK(item.tensor.size(0) == batch_size, "lltm_cuda: ", item.name, " has batch size ",
+    TORCH_CHECK(item.tensor.size(0) == batch_size, kStage, ": ", item.name, " has batch size ",
                 item.tensor.size(0), " but input has ", batch_size);
-    TORCH_CHECK(item.tensor.size(1) == state_size, "lltm_cuda: ", item.name, " must have shape [", batch_size, ", ",
+    TORCH_CHECK(item.tensor.size(1) == state_size, kStage, ": ", item.name, " must have shape [", batch_size, ", ",
                 state_size, "] (weights have 3 * ", state_size, " rows), got ", item.tensor.sizes());
   }
-  TORCH_CHECK(weights.size(1) == state_size + features, "lltm_cuda: input has ", features,
+  TORCH_CHECK(weights.size(1) == state_size + features, kStage, ": input has ", features,
               " features, so weights must have shape [", 3 * state_size, ", ", state_size + features, "], got ",
               weights.sizes());
   TORCH_CHECK(bias.sizes() == at::IntArrayRef({3 * state_size}) || bias.sizes() == at::IntArrayRef({1, 3 * state_size}),
-              "lltm_cuda: bias must have shape (", 3 * state_size, ") or (1, ", 3 * state_size, "), got ", bias.sizes());
+              kStage, ": bias must have shape (", 3 * state_size, ") or (1, ", 3 * state_size, "), got ", bias.sizes());
 }
 
 }  // namespace
@@ -121,7 +125,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
                                       const at::Tensor& old_h, const at::Tensor& weights, bool need_d_X,
                                       bool need_d_weights) {
   check_tensor(new_cell, "new_cell", new_cell, "new_cell");
-  TORCH_CHECK(new_cell.dim() == 2, "lltm_cuda: new_cell must be 2-D (batch, state), got shape ", new_cell.sizes());
+  TORCH_CHECK(new_cell.dim() == 2, kStage, ": new_cell must be 2-D (batch, state), got shape ", new_cell.sizes());
   const int64_t batch_size = new_cell.size(0);
   const int64_t state_size = new_cell.size(1);
   const struct { const at::Tensor& tensor; const char* name; } state_shaped[] = {
@@ -135,7 +139,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
   check_tensor(input, "input", new_cell, "new_cell");
   check_tensor(weights, "weights", new_cell, "new_cell");
   TORCH_CHECK(input.dim() == 2 && input.size(0) == batch_size,
-              "lltm_cuda: input must have shape (", batch_size, ", features), got ", input.sizes());
+              kStage, ": input must have shape (", batch_size, ", features), got ", input.sizes());
   check_shape(weights, "weights", {3 * state_size, state_size + input.size(1)});
   const c10::cuda::OptionalCUDAGuard device_guard(new_cell.device());
 
@@ -164,8 +168,69 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
   return {d_old_h, d_input, d_weights, d_bias, d_old_cell};
 }
 
-// ---- 5. The binding: eml.lltm_cuda._C.forward and .backward ----
+// ---- 5. The whole cell as one autograd node, in C++ (as in stage 11) ----
+//
+// Stage 11's node, unchanged: lltm.py's LLTMFunction does the same in Python, and costs tens of
+// microseconds per step around the C++ it calls (11's README: where the time goes). On a GPU
+// that is host time in which no kernel is launched. The module makes one call per step
+// (_C.cell), and autograd's engine calls backward() without entering Python at all.
+
+// What a second backward would reach: the gradients of a once-differentiable backward are made
+// to require grad through this node, which refuses (as Python's @once_differentiable does).
+struct OnceDifferentiable : public torch::autograd::Function<OnceDifferentiable> {
+  // A TensorList, not a std::vector: Function::apply counts the tensors of a TensorList as inputs.
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext*, at::TensorList grads) {
+    torch::autograd::variable_list aliases;
+    for (const auto& grad : grads) {  // aliases: an output must not be an input itself
+      aliases.push_back(grad.defined() ? grad.view_as(grad) : at::Tensor());
+    }
+    return aliases;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    TORCH_CHECK(false, kStage, ": trying to differentiate twice the LLTM's backward, which is once_differentiable");
+  }
+};
+
+struct LLTMCell : public torch::autograd::Function<LLTMCell> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                                                const at::Tensor& weights, const at::Tensor& bias,
+                                                const at::Tensor& old_h, const at::Tensor& old_cell) {
+    auto outputs = lltm_forward(input, weights, bias, old_h, old_cell);  // {new_h, new_cell, gates}
+    ctx->save_for_backward({outputs[1], outputs[2], input, old_h, weights});  // as LLTMFunction saves
+    ctx->saved_data["bias_sizes"] = bias.sizes().vec();  // d_bias goes back in the bias's own shape
+    return {outputs[0], outputs[1]};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const bool need_d_X = ctx->needs_input_grad(0) || ctx->needs_input_grad(3), need_d_weights = ctx->needs_input_grad(1);
+    // grads[i] is zeros when its output was unused (materialize_grads, the default).
+    auto d = lltm_backward(grads[0].contiguous(), grads[1].contiguous(), saved[0], saved[1], saved[2], saved[3],
+                           saved[4], need_d_X, need_d_weights);  // {d_old_h, d_input, d_weights, d_bias, d_old_cell}
+    torch::autograd::variable_list result = {
+        ctx->needs_input_grad(0) ? d[1] : at::Tensor(), ctx->needs_input_grad(1) ? d[2] : at::Tensor(),
+        ctx->needs_input_grad(2) ? d[3].reshape(ctx->saved_data["bias_sizes"].toIntVector()) : at::Tensor(),
+        ctx->needs_input_grad(3) ? d[0] : at::Tensor(), ctx->needs_input_grad(4) ? d[4] : at::Tensor()};
+    if (!torch::GradMode::is_enabled()) return result;  // the usual case: create_graph=False
+    // create_graph=True: the fused passes are invisible to autograd, so a second backward through
+    // these gradients would silently miss terms. Route them through OnceDifferentiable instead.
+    for (auto& grad : result) {
+      if (grad.defined()) grad = grad.detach().requires_grad_();
+    }
+    return OnceDifferentiable::apply(at::TensorList(result));
+  }
+};
+
+// (new_h, new_cell), differentiable: what LLTM.forward calls.
+std::vector<at::Tensor> lltm_cell(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
+                                  const at::Tensor& old_h, const at::Tensor& old_cell) {
+  return LLTMCell::apply(input, weights, bias, old_h, old_cell);
+}
+
+// ---- 6. The binding: eml.lltm_cuda._C.cell, .forward and .backward ----
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("cell", &lltm_cell, "the LLTM cell as one autograd node: (new_h, new_cell), backward in C++ and CUDA");
   m.def("forward", &lltm_forward, "LLTM forward on CUDA: new_h, new_cell, gates (one GEMM, one fused kernel)",
         py::arg("input"), py::arg("weights"), py::arg("bias"), py::arg("old_h"), py::arg("old_cell"));
   m.def("backward", &lltm_backward,
