@@ -1,6 +1,7 @@
 """Where stage 11's time goes, per call, in microseconds: the C++ passes, their GEMMs, and what
 the module adds around them, for the C++ autograd node (_C.cell, what LLTM.forward calls) and
-for the Python LLTMFunction it replaced.
+for the Python LLTMFunction it replaced. Where stage 06 is installed, the same two GEMMs on its
+LIBXSMM kernels too (README, exercise 1: what they would buy).
 
     python 11_lltm_fused/breakdown.py            # both benchmark shapes, all threads
     python 11_lltm_fused/breakdown.py --threads 1
@@ -17,6 +18,11 @@ import torch.utils.benchmark as benchmark
 from eml.common.lltm_bench import SHAPES
 from eml.common.timing import cpu_name
 from eml.lltm_fused import LLTM, LLTMFunction, _C
+
+try:
+    from eml.linear_tpp import _C as stage06  # the linear layer's LIBXSMM products, for exercise 1
+except ImportError:
+    stage06 = None
 
 
 def median_us(statement, env, threads, min_run_time=0.3):
@@ -39,11 +45,17 @@ def breakdown(shape, threads):
     rows = {
         "C++ forward (_C.forward)": "_C.forward(x, w, b, h, c)",
         "  of which the GEMM (addmm)": "torch.addmm(b, X, w.t())",
+        "  that GEMM on stage 06's kernels": "stage06.forward(X, w, b, state06, False)",
         "C++ backward (_C.backward)": "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
         "  of which the GEMM (d_weights)": "gates.t().mm(X)",
+        "  that GEMM + d_bias on stage 06's kernels": "stage06.backward(gates, X, None, False, True, True, state06)",
         "module forward + backward, _C.cell": step.format("cell(x, (h, c))"),
         "the same through Python's LLTMFunction": step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)"),
     }
+    if stage06 is None:
+        rows = {label: statement for label, statement in rows.items() if "stage06" not in statement}
+    else:  # a kept state (kernels, plans); the weight packed per call, as in training
+        env.update(stage06=stage06, state06=stage06.LinearState(state + features, 3 * state))
     return {label: median_us(statement, env, threads) for label, statement in rows.items()}
 
 
