@@ -8,8 +8,8 @@
 //   - a kernel is registered boxed: TORCH_BOX(&linear_cpu) wraps the typed function into one
 //     that takes its arguments from a stack of StableIValues, the only calling convention the
 //     C shim knows (08's m.impl unboxed them in libtorch's C++ templates);
-//   - def() takes a schema only: the tools, which 08 defined with a lambda as kernel for every
-//     backend, get their kernel from STABLE_TORCH_LIBRARY_IMPL(..., CompositeExplicitAutograd, ..);
+//   - def() takes a schema only: the tools, which 08 defined with a lambda as a catch-all
+//     kernel, get theirs from STABLE_TORCH_LIBRARY_IMPL(..., CompositeExplicitAutograd, ..);
 //   - m.set_python_module names the Python module that holds the Python halves, so that a user
 //     who loads this file with torch.ops.load_library gets them too (ops.py, README);
 //   - no <torch/library.h>: the module imports no libtorch C++ symbol (tests: the nm check).
@@ -18,12 +18,20 @@
 
 #include <torch/csrc/stable/library.h>
 
+#include <dlfcn.h>  // dlsym: is there a Python in this process? (section 5)
+
+#include <cstdio>
 #include <optional>
 #include <string>
 
 #include "FunctionCpp.h"
 
 using namespace tpp;
+
+// The Python module that registers the ops' fake, autograd, autocast and vmap rules (ops.py):
+// recorded with the ops (section 2), imported when the library is loaded by path (section 5).
+// A test checks it against ops.py's own __name__, so that a renamed package cannot miss it.
+static constexpr const char* kPythonHalves = "eml.linear_stable.ops";
 
 namespace {
 
@@ -74,8 +82,7 @@ int64_t tpp_states() { return g_live_states.load(); }  // (in, out) pairs seen s
 // argument is mutated or aliased (no "(a!)" annotations): the ops are functional, which is what
 // lets torch.compile and torch.export move them around freely.
 STABLE_TORCH_LIBRARY(eml_stable, m) {
-  // The Python module that registers the fake, autograd, autocast and vmap rules of these ops.
-  m.set_python_module("eml.linear_stable.ops");
+  m.set_python_module(kPythonHalves);  // where the ops' Python halves live
   m.def("linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor");
   m.def("linear_grad_input(Tensor grad_output, Tensor weight) -> Tensor");
   m.def("linear_grad_weight(Tensor grad_output, Tensor input) -> Tensor");
@@ -100,7 +107,8 @@ STABLE_TORCH_LIBRARY_IMPL(eml_stable, CPU, m) {
 
 // ---- 4. The tools' kernels ---------------------------------------------------------------
 // An op without a tensor argument has no device to dispatch on: its kernel is registered for
-// CompositeExplicitAutograd, which serves every backend (08's m.def(schema, lambda) did this).
+// CompositeExplicitAutograd, which serves every backend. (08's m.def(schema, lambda) registered
+// a catch-all kernel, which the dispatcher files under CompositeImplicitAutograd.)
 STABLE_TORCH_LIBRARY_IMPL(eml_stable, CompositeExplicitAutograd, m) {
   m.impl("tpp_peak_gflops", TORCH_BOX(&tpp_peak_gflops));
   m.impl("tpp_dispatch_check", TORCH_BOX(&tpp_dispatch_check));
@@ -117,31 +125,51 @@ STABLE_TORCH_LIBRARY_IMPL(eml_stable, CompositeExplicitAutograd, m) {
 // halves live, and torch 2.13 names that module in its errors ("you may need to import the
 // 'eml.linear_stable.ops' Python module") but does not import it. So this library imports it
 // itself, once the ops are registered: the statics of this file are initialised in order, and
-// this one comes last. Not when Python is not running (a C++ program), and not when the import
-// of the package is what loads this file (ops.py is then in sys.modules, half-way through).
+// this one comes last. It runs Python code while the dynamic loader loads this file, so it does
+// as little as it can: nothing when the process has no Python (a C++ program: Py_IsInitialized
+// is looked up, not linked, and the Python functions below are bound only when first called),
+// nothing when the import of the package is what loads this file (ops.py is then in
+// sys.modules, half-way through), and a warning with the cause when the import fails.
 namespace {
-struct ImportPythonHalves {
-  ImportPythonHalves() {
-    if (!Py_IsInitialized()) return;
-    const PyGILState_STATE l_gil = PyGILState_Ensure();
-    PyObject* l_modules = PySys_GetObject("modules");  // borrowed
-    PyObject* l_name = PyUnicode_FromString("eml.linear_stable.ops");
-    if (l_modules != nullptr && l_name != nullptr && PyDict_Contains(l_modules, l_name) == 0) {
-      PyObject* l_ops = PyImport_Import(l_name);
-      if (l_ops == nullptr) {  // the package is not installed: say what is missing instead of failing the load
-        PyErr_Clear();
-        PyErr_WarnEx(PyExc_RuntimeWarning,
-                     "linear_stable: loaded by path, but the Python module eml.linear_stable.ops could not be "
-                     "imported: torch.ops.eml_stable.* have no fake kernel, autograd, autocast or vmap rule "
-                     "(install the stage, or import the module that registers them)",
-                     1);
+void import_python_halves() {
+  using IsInitialized = int (*)();
+  const auto l_is_initialized = reinterpret_cast<IsInitialized>(dlsym(RTLD_DEFAULT, "Py_IsInitialized"));
+  if (l_is_initialized == nullptr || !l_is_initialized()) return;
+  const PyGILState_STATE l_gil = PyGILState_Ensure();
+  PyObject* l_modules = PySys_GetObject("modules");  // borrowed
+  PyObject* l_name = PyUnicode_FromString(kPythonHalves);
+  if (l_modules != nullptr && l_name != nullptr && PyDict_Contains(l_modules, l_name) == 0) {
+    PyObject* l_ops = PyImport_Import(l_name);
+    if (l_ops == nullptr) {  // say what is missing, and why, instead of failing the load
+      PyObject *l_type, *l_value, *l_traceback;
+      PyErr_Fetch(&l_type, &l_value, &l_traceback);
+      std::string l_why = "no exception";
+      if (PyObject* l_text = l_value ? PyObject_Str(l_value) : nullptr) {
+        if (const char* l_utf8 = PyUnicode_AsUTF8AndSize(l_text, nullptr)) l_why = l_utf8;
+        Py_DECREF(l_text);
       }
-      Py_XDECREF(l_ops);
+      Py_XDECREF(l_type);
+      Py_XDECREF(l_value);
+      Py_XDECREF(l_traceback);
+      const std::string l_message = std::string(kStage) + ": loaded by path, but the Python module " + kPythonHalves +
+                                    " could not be imported (" + l_why +
+                                    "): torch.ops.eml_stable.* have no fake kernel, autograd, autocast or vmap rule";
+      // category nullptr: RuntimeWarning. Under `python -W error` the warning is an exception,
+      // which must not escape into dlopen: the message goes to stderr instead.
+      if (PyErr_WarnEx(nullptr, l_message.c_str(), 1) < 0) {
+        PyErr_Clear();
+        std::fprintf(stderr, "%s\n", l_message.c_str());
+      }
     }
-    Py_XDECREF(l_name);
-    PyErr_Clear();  // nothing of this reaches the caller of dlopen
-    PyGILState_Release(l_gil);
+    Py_XDECREF(l_ops);
   }
+  Py_XDECREF(l_name);
+  PyErr_Clear();  // nothing of this reaches the caller of dlopen
+  PyGILState_Release(l_gil);
+}
+
+struct ImportPythonHalves {
+  ImportPythonHalves() { import_python_halves(); }
 };
 const ImportPythonHalves g_import_python_halves;
 }  // namespace

@@ -13,8 +13,9 @@ kernel, four small rules registered here:
     register_vmap       torch.func.vmap: a batch of inputs on one weight, or stacked weights
 
 None of them is C++, so the stable ABI changes nothing here. What is new: bindings.cpp names this
-module with m.set_python_module, and torch imports it when the ops are first looked up after a
-bare ``torch.ops.load_library(path)`` (README, "Loading by path").
+module with m.set_python_module (torch 2.13 records it and cites it in its errors), and imports it
+itself when the library is loaded by path with ``torch.ops.load_library`` (README, "Loading by
+path").
 
 The ops (all functional: no argument is written to or aliased):
 

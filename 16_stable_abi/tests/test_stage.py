@@ -369,10 +369,29 @@ def test_module_is_abi3_and_needs_no_pybind11_nor_torch_python():
     assert "pybind11" not in undefined and "THPVariable" not in undefined
     python_symbols = {line.split()[-1] for line in undefined.splitlines() if re.search(r"\b_?Py", line)}
     # the module's creation, and the import of ops.py when loaded by path (bindings.cpp, section 5)
-    allowed = {"PyModule_Create2", "Py_IsInitialized", "PyGILState_Ensure", "PyGILState_Release", "PySys_GetObject",
-               "PyUnicode_FromString", "PyDict_Contains", "PyImport_Import", "PyErr_Clear", "PyErr_WarnEx",
-               "PyExc_RuntimeWarning", "_Py_Dealloc"}
+    allowed = {"PyModule_Create2", "PyGILState_Ensure", "PyGILState_Release", "PySys_GetObject", "PyUnicode_FromString",
+               "PyDict_Contains", "PyImport_Import", "PyErr_Fetch", "PyObject_Str", "PyUnicode_AsUTF8AndSize",
+               "PyErr_Clear", "PyErr_WarnEx", "_Py_Dealloc"}
     assert python_symbols <= allowed, f"Python symbols beyond the limited API's few: {python_symbols - allowed}"
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_loads_in_a_program_without_python(tmp_path):
+    """A C program, no Python in the process, dlopens the module: the registrations run (libtorch
+    is C++, it needs no Python) and the import of ops.py is skipped, since every Python function
+    the module calls is bound only when first called and Py_IsInitialized is looked up, not linked."""
+    program = tmp_path / "load.c"
+    program.write_text(
+        "#include <dlfcn.h>\n#include <stdio.h>\n"
+        "int main(int argc, char** argv) {\n"
+        "  void* handle = dlopen(argv[1], RTLD_LAZY);\n"
+        "  if (!handle) { printf(\"dlopen failed: %s\\n\", dlerror()); return 1; }\n"
+        "  printf(\"loaded without Python\\n\");\n  return 0;\n}\n")
+    subprocess.run(["cc", "-o", str(tmp_path / "load"), str(program), "-ldl"], check=True, timeout=120)
+    torch_lib = pathlib.Path(torch.__file__).parent / "lib"
+    result = subprocess.run([str(tmp_path / "load"), _C.__file__], capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, LD_LIBRARY_PATH=str(torch_lib)))
+    assert result.returncode == 0 and result.stdout.strip() == "loaded without Python", result.stdout + result.stderr
 
 
 def test_no_aten_matrix_product_in_the_source(tmp_path):
@@ -394,8 +413,8 @@ def test_imports_no_libtorch_cpp_symbol():
 
 
 def test_no_libtorch_cpp_header_in_the_source():
-    """Only torch/csrc/stable and torch/headeronly; setup.py's -DTORCH_STABLE_ONLY makes the
-    compiler refuse the rest too, this check names the line."""
+    """Only torch/csrc/stable and torch/headeronly; setup.py's TORCH_TARGET_VERSION and
+    TORCH_STABLE_ONLY make the compiler refuse the rest too, this check names the line."""
     allowed = re.compile(r"#include <torch/(csrc/stable|headeronly)/")
     found = [f"{path.name}: {line.strip()}" for path in sorted((STAGE / "src").glob("*.[ch]*"))
              for line in path.read_text().splitlines()
@@ -429,29 +448,57 @@ print("python halves: ok")
 """
 
 
-def run_fresh(code):
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd="/")
+def run_fresh(code, *options):
+    result = subprocess.run([sys.executable, *options, "-c", code], capture_output=True, text=True, timeout=600, cwd="/")
     assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+    return result
 
 
-def test_loaded_by_path_gets_its_python_halves():
-    """torch.ops.load_library(path) alone, no import of the package: the fake kernel (compile),
-    autograd and autocast work, and set_python_module recorded where they live."""
-    out = run_fresh(LOAD_BY_PATH.format(before="", path=_C.__file__, after=CHECK_PYTHON_HALVES))
+def test_loaded_by_path_gets_its_python_halves(tmp_path):
+    """torch.ops.load_library(path) alone, no import of the package, on a copy of the file (so
+    that ops.py's own `from . import _C` would load a second library, were it not skipped): the
+    fake kernel (compile), autograd and autocast work, and set_python_module recorded where they
+    live, under the name ops.py really has."""
+    copy = tmp_path / "_C.abi3.so"
+    shutil.copy(_C.__file__, copy)
+    out = run_fresh(LOAD_BY_PATH.format(before="", path=str(copy), after=CHECK_PYTHON_HALVES)).stdout
     assert "warnings: []" in out and "ops.py imported: True" in out, out
-    assert "pystub: ('eml.linear_stable.ops', '')" in out, out
+    assert f"pystub: ('{ops_module.__name__}', '')" in out, out
     assert "python halves: ok" in out, out
 
 
+NOT_INSTALLED = 'sys.modules["eml.linear_stable"] = None  # as if the package were not installed'
+CPU_KERNEL = 'print(torch.ops.eml_stable.linear(torch.ones(2, 3), torch.ones(4, 3), None).sum().item())'
+MISSING = r"linear_stable: loaded by path, but the Python module eml\.linear_stable\.ops could not be imported \(.+\): .*no fake kernel, autograd"
+
+
 def test_loaded_by_path_without_its_python_module_says_what_is_missing():
-    """If ops.py cannot be imported, the load still succeeds, with a warning that names what is missing."""
-    before = 'sys.modules["eml.linear_stable"] = None  # as if the package were not installed'
-    after = 'print(torch.ops.eml_stable.linear(torch.ones(2, 3), torch.ones(4, 3), None).sum().item())'
-    out = run_fresh(LOAD_BY_PATH.format(before=before, path=_C.__file__, after=after))
+    """If ops.py cannot be imported, the load still succeeds, with a warning that names what is
+    missing and why (the import's own error)."""
+    out = run_fresh(LOAD_BY_PATH.format(before=NOT_INSTALLED, path=_C.__file__, after=CPU_KERNEL)).stdout
     assert "ops.py imported: False" in out, out
-    assert re.search(r"linear_stable: loaded by path, .*eml\.linear_stable\.ops.* no fake kernel, autograd", out), out
+    assert re.search(MISSING, out) and "'eml.linear_stable' is not a package" in out, out  # the cause
     assert out.strip().endswith("24.0"), "the CPU kernel itself works"
+
+
+def test_loaded_by_path_under_warnings_as_errors():
+    """python -W error: the warning would be an exception inside dlopen; it goes to stderr instead."""
+    code = f"import sys, torch\n{NOT_INSTALLED}\ntorch.ops.load_library({_C.__file__!r})\n{CPU_KERNEL}"
+    result = run_fresh(code, "-W", "error::RuntimeWarning")
+    assert re.search(MISSING, result.stderr), result.stderr
+    assert result.stdout.strip() == "24.0"
+
+
+def test_a_second_copy_of_the_library_is_not_registered_silently(tmp_path):
+    """The ops can be registered once per process. Loading a second copy of the file after the
+    package is one registration too many, which torch must refuse: torch 2.13's StableLibrary
+    ignores the error code of its C shim call and the process crashes (README, "Loading by path":
+    load one copy only). This test holds the line that it does not go on as if nothing happened."""
+    copy = tmp_path / "_C.abi3.so"
+    shutil.copy(_C.__file__, copy)
+    code = f"import torch, eml.linear_stable\ntorch.ops.load_library({str(copy)!r})\nprint('registered twice')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
+    assert result.returncode != 0 and "registered twice" not in result.stdout, (result.returncode, result.stdout)
 
 
 # -- 08 and 16 side by side -------------------------------------------------------------------------------
@@ -464,6 +511,15 @@ def test_same_results_as_stage_08_bit_for_bit(dtype):
         for got, want in zip(everything(ops_module, input, weight, bias, grad_output),
                              everything(stage08, input, weight, bias, grad_output)):
             assert torch.equal(got, want), case
+    # non-contiguous operands (the copy each stage makes), and one gradient at a time
+    input, weight, bias, grad_output = (t.to(dtype) for t in tensors(Case((9, 2), 33, 17), torch.float64))
+    input_t, weight_t = input.transpose(0, 1), weight.t().contiguous().t()  # (2, 9, 33), strided
+    assert not input_t.is_contiguous() and not weight_t.is_contiguous()
+    assert torch.equal(ops_module.forward(input_t, weight_t, bias), stage08.forward(input_t, weight_t, bias))
+    gy = grad_output.transpose(0, 1)
+    for needs in [(True, False, False), (False, True, False), (False, False, True)]:
+        for got, want in zip(ops_module.backward(gy, input_t, weight_t, *needs), stage08.backward(gy, input_t, weight_t, *needs)):
+            assert (got is None and want is None) or torch.equal(got, want), needs
 
 
 # -- the wheel: abi3, installed into a fresh venv, smoke-tested there (SLOW: one wheel build) ------
