@@ -1,5 +1,6 @@
 # Stage 16: stage 08's operators (torch.ops.eml_stable.*) on LibTorch's stable ABI and Python's
-# limited API: one abi3 wheel for every CPython >= 3.10 and every torch >= 2.13 (README).
+# limited API: one abi3 wheel for every CPython >= 3.10 and, as the stable ABI promises, for torch
+# 2.13 and later (tested: 2.13.0 and 2.14.1; README).
 # It is built against the installed torch's headers (torch/csrc/stable, torch/headeronly), but
 # calls libtorch only through its C shim, so the wheel outlives that torch.
 # Install:  pip install --no-build-isolation .    A wheel:  pip wheel --no-build-isolation --no-deps .
@@ -49,7 +50,8 @@ setup(
             # the C++ namespace tpp, and one process may load them all: their symbols stay their own.
             # New in 16: TORCH_TARGET_VERSION, the oldest torch the module must load in (2.13: its
             # set_python_module is 2.13's). The stable headers then offer only what that version
-            # has, and -DTORCH_STABLE_ONLY makes any ATen, c10 or torch/library.h include an error.
+            # has, and libtorch's C++ headers (ATen, c10, torch/library.h) are an #error. So is
+            # -DTORCH_STABLE_ONLY, which says the same outright.
             extra_compile_args=["-O3", "-fvisibility=hidden", f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}",
                                 "-DTORCH_STABLE_ONLY"],
             # Keep LIBXSMM's symbols (and its BLAS stubs) inside _C instead of exporting them.

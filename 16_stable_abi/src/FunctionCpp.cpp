@@ -19,7 +19,7 @@
 //     block, re-read from there for every register block of C.
 // Our job is the loop nest around the kernels: cut each of the layer's three products into
 // tiles, reduce every tile in k steps, spread the tiles over the threads, and prepare once
-// everything that can be prepared once (the kernels, the plans, the packed weight).
+// everything that can be prepared once (the kernels, the plans).
 //
 //   forward:   y           = x W^T + b          (N, in) x (in, out)  -> (N, out)
 //   backward:  grad_input  = grad_output W      (N, out) x (out, in) -> (N, in)
@@ -29,14 +29,14 @@
 // The files, in reading order (each opens with what it holds):
 //   kernel.h         1. one JIT kernel: asking LIBXSMM for it, the NULL check
 //   blocked_gemm.h   2. the loop nest around the kernels (BlockedGemm), with its picture
-//   linear_state.h   3. the state and caches: kernels, plans, packed weight
+//   linear_state.h   3. the state: kernels, plans, the weight packed per call
 //   FunctionCpp.cpp  4. input checks and the process-wide states, 6. forward and backward
 //                    (bfloat16 too) (this file)
 //   products.h       5. the three products on raw pointers, and why every operand is packed
 //   tools.cpp        7. tools: a dispatch probe, the peak probe
 //   FunctionCpp.h    the functions the operators run (declarations)
-//   bindings.cpp     the operator schemas and registrations (TORCH_LIBRARY), and the empty
-//                    Python module whose import runs them
+//   bindings.cpp     the operator schemas and registrations (STABLE_TORCH_LIBRARY), loading by
+//                    path, and the empty Python module whose import runs them
 //
 // What changed since stage 08: torch::stable::Tensor and the ops of torch/csrc/stable/ops.h
 // (contiguous, flatten, reshape, to, empty, parallel_for) for ATen's, each a call through the C
@@ -206,7 +206,7 @@ std::optional<torch::stable::Tensor> to_float(const std::optional<torch::stable:
 // pairs (stage 07). This stage runs everywhere instead: bfloat16 operands are
 // widened to float32, the float32 kernels run, and each result is rounded to bfloat16 once
 // (grad_bias is summed in float32 too). A VNNI path would slot in at the two `kBFloat16` tests
-// below; README, "bfloat16", says what it would buy.
+// below; stage 08's README, "bfloat16", says what it would buy.
 
 // y = x W^T + b for x of shape (*, in); without a bias, y = x W^T. The state comes from the
 // process-wide table (state_for); the weight is packed for this call.

@@ -1,7 +1,7 @@
 // Stage 16: what FunctionCpp.cpp offers to bindings.cpp, the functions the
 // registered operators run. A plain C++ header: no pybind11 and no Python.h anywhere in the
-// compute code (in stage 16 not even in bindings.cpp, apart from the empty module's init).
-// What changed since stage 08: torch::stable::Tensor for torch::stable::Tensor, and the stable
+// compute code (Python.h only in bindings.cpp: the empty module's init and the import of ops.py).
+// What changed since stage 08: torch::stable::Tensor for ATen's torch::Tensor, and the stable
 // headers' ScalarType (torch/headeronly) for ATen's: no libtorch C++ type is left.
 #pragma once
 

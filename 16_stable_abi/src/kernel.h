@@ -42,7 +42,9 @@ inline constexpr ScalarType kFloat = ScalarType::Float, kDouble = ScalarType::Do
 // the stable ABI. TPP_CHECK throws a std::runtime_error with the same message instead; the
 // dispatcher catches it where our kernel returns into libtorch and Python receives a
 // RuntimeError with its text, as in 08. (torch/headeronly's STD_TORCH_CHECK does the same, but
-// puts the C++ function, file and line in front of the message.)
+// puts the C++ function, file and line in front of the message.) One path differs: thrown inside
+// a torch::stable::parallel_for body (only the loop nest's out-of-memory check), the exception
+// crosses the C shim twice, and torch adds "(originally from torch_parallel_for ...)" to it.
 template <typename... Parts>
 [[noreturn]] void fail(const Parts&... i_parts) {
   std::ostringstream l_message;

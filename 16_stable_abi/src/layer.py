@@ -3,9 +3,10 @@ on LibTorch's stable ABI).
 
 What this stage teaches: stage 08's layer, on the same LIBXSMM kernels and the same operators,
 built so that its compiled module calls libtorch only through the stable C shim. One wheel then
-serves every CPython >= 3.10 and every torch from 2.13 on, without a rebuild. The dispatcher
-knows the op's schema, its fake kernel, its autograd, autocast and vmap rules (ops.py), so
-torch.compile, torch.export, torch.func.vmap and torch.autocast work as in 08.
+serves every CPython >= 3.10 and, as the stable ABI promises, torch 2.13 and later without a
+rebuild (tested: 2.13.0 and 2.14.1). The dispatcher knows the op's schema, its fake kernel, its
+autograd, autocast and vmap rules (ops.py), so torch.compile, torch.export, torch.func.vmap and
+torch.autocast work as in 08.
 
     torch.ops.eml_stable.linear(input, weight, bias)    y = x W^T + b, bias may be None
 
