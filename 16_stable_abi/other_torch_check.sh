@@ -21,8 +21,10 @@ trap 'rm -rf "$WORK"' EXIT
 
 test -x "$TUTORIAL_PY" || { echo "no $TUTORIAL_PY: run \`make\` at the repository root first"; exit 1; }
 if [ ! -x "$OTHER_VENV/bin/python" ]; then
-    echo "==> creating $OTHER_VENV with torch==$OTHER_TORCH (several GB)"
-    python3 -m venv "$OTHER_VENV"
+    # The venv's Python must take the cp310-abi3 wheel: the tutorial's own interpreter does.
+    BASE_PY=$("$TUTORIAL_PY" -c 'import sys; print(sys._base_executable)')
+    echo "==> creating $OTHER_VENV with $BASE_PY and torch==$OTHER_TORCH (several GB)"
+    "$BASE_PY" -m venv "$OTHER_VENV"
     "$OTHER_VENV/bin/pip" install --quiet "torch==$OTHER_TORCH" \
         "$(grep '^numpy==' "$ROOT/requirements.txt")" "$(grep '^pytest==' "$ROOT/requirements.txt")"
 fi
@@ -47,8 +49,11 @@ EOF
 # wheel against this torch, the very thing this check avoids.
 echo "==> the stage's tests under torch $OTHER_TORCH"
 cd "$WORK"
+status=0
 "$OTHER_VENV/bin/python" -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
-    -k "not abi3_wheel" "$STAGE/tests" 2>&1 | tail -n 4
+    -k "not abi3_wheel" "$STAGE/tests" > "$WORK/pytest.log" 2>&1 || status=$?
+if [ "$status" -ne 0 ]; then cat "$WORK/pytest.log"; echo "the stage's tests failed under torch $OTHER_TORCH"; exit "$status"; fi
+grep -E "passed|failed|error" "$WORK/pytest.log" | tail -n 1 | sed 's/^/    /' 
 
 # For contrast: stage 08's abi3 wheel, built the same way against torch 2.13 on ATen's C++ API,
 # installed into a folder of its own and put first on the path. Nothing promises that it loads:

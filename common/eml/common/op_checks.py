@@ -227,7 +227,11 @@ def assert_ddp_matches_one_process(factory, tmp_path, batch=10):
                               out=str(tmp_path / "grads{}.pt"))
     ranks = [subprocess.Popen([sys.executable, "-c", script, str(rank)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) for rank in range(2)]
-    logs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    try:
+        logs = [rank.communicate(timeout=300)[0] for rank in ranks]
+    finally:
+        for rank in ranks:  # a rank still waiting for the other after a timeout
+            rank.kill()
     saved = [tmp_path / f"grads{rank}.pt" for rank in range(2)]
     assert all(path.exists() for path in saved), f"a rank saved no gradients: {logs}"
     model = mlp(make_layer)
