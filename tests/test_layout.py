@@ -41,6 +41,8 @@ LESSONS = {
     "15_tensor_subclasses": (None, set(), set()),
     # 08 again, on LibTorch's stable ABI: a benchmark against 08 and the second-torch check.
     "16_stable_abi": ("08_custom_op", {"benchmark.py", "other_torch_check.sh"}, {"bench_state.py"}),
+    # 11 again, its GEMMs on LIBXSMM's kernels.
+    "17_lltm_xsmm": ("11_lltm_fused", set(), set()),
 }
 
 # Every stage folder holds at least these.

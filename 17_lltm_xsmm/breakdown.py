@@ -1,0 +1,85 @@
+"""Where stage 17's time goes, per call, in microseconds: the C++ passes, their fused element-wise
+part, stage 11's passes (ATen's GEMMs) beside them where stage 11 is installed, and what the
+module adds around the passes, for the C++ autograd node (_C.cell, what LLTM.forward calls) and
+for the Python LLTMFunction.
+
+    python 17_lltm_xsmm/breakdown.py            # both benchmark shapes, all threads
+    python 17_lltm_xsmm/breakdown.py --threads 1
+
+Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (new in 17:
+single runs of stage 11's version moved by 30 % between runs on a two-core VM), float32, inputs
+without requires_grad as in the LLTM benchmark. The rows do not add up exactly: each is timed alone.
+"""
+
+import argparse
+import statistics
+
+import torch
+import torch.utils.benchmark as benchmark
+
+from eml.common.lltm_bench import SHAPES
+from eml.common.timing import cpu_name
+from eml.lltm_xsmm import LLTM, LLTMFunction, _C
+
+try:
+    from eml.lltm_fused import _C as stage11  # the same passes with ATen's GEMMs, timed beside
+except ImportError:
+    stage11 = None
+
+
+def median_us(statements, env, threads, rounds=3, min_run_time=0.1):
+    """{label: median us} of every statement, the rounds interleaved."""
+    timers = {label: benchmark.Timer(statement, globals=env, num_threads=threads) for label, statement in statements.items()}
+    times = {label: [] for label in statements}
+    for _ in range(rounds):
+        for label, timer in timers.items():
+            times[label] += timer.blocked_autorange(min_run_time=min_run_time).times
+    return {label: statistics.median(values) * 1e6 for label, values in times.items()}
+
+
+def breakdown(shape, threads):
+    batch, features, state = shape
+    torch.manual_seed(0)
+    cell = LLTM(features, state)
+    weights, bias = cell.weights.detach(), cell.bias.detach()
+    x, h, c = torch.randn(batch, features), torch.randn(batch, state), torch.randn(batch, state)
+    new_h, new_cell, gates = _C.forward(x, weights, bias, h, c)
+    grad_h, grad_cell = torch.randn(batch, state), torch.randn(batch, state)
+    X = torch.cat([h, x], 1)
+    env = dict(_C=_C, stage11=stage11, torch=torch, cell=cell, LLTMFunction=LLTMFunction, x=x, h=h, c=c, w=weights,
+               b=bias, gates=gates, new_cell=new_cell, gh=grad_h, gc=grad_cell, X=X)
+    step = "cell.zero_grad(set_to_none=True); torch.autograd.backward({}, (gh, gc))"
+    rows = {
+        "C++ forward (_C.forward)": "_C.forward(x, w, b, h, c)",
+        "  of which the fused pass (_C.forward_pass)": "_C.forward_pass(gates, c)",
+        "  stage 11's forward (ATen's GEMM)": "stage11.forward(x, w, b, h, c)",
+        "  stage 11's GEMM alone (cat + addmm)": "torch.addmm(b, torch.cat([h, x], 1), w.t())",
+        "C++ backward (_C.backward)": "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
+        "  stage 11's backward (ATen's GEMMs)": "stage11.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
+        "  stage 11's d_weights alone (cat + mm)": "gates.t().mm(torch.cat([h, x], 1))",
+        "module forward + backward, _C.cell": step.format("cell(x, (h, c))"),
+        "the same through Python's LLTMFunction": step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)"),
+    }
+    if stage11 is None:
+        rows = {label: statement for label, statement in rows.items() if "stage11" not in statement}
+    return median_us(rows, env, threads)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args(argv)
+    print(f"stage 17, where the time goes: float32, {args.threads} threads, median us per call; CPU: {cpu_name()}")
+    for shape in SHAPES:
+        times = breakdown(shape, args.threads)
+        print(f"  batch {shape[0]}, features {shape[1]}, state {shape[2]}:")
+        for label, us in times.items():
+            print(f"    {label:46s} {us:8.1f}")
+        passes = times["C++ forward (_C.forward)"] + times["C++ backward (_C.backward)"]
+        for label, short in (("module forward + backward, _C.cell", "_C.cell"),
+                             ("the same through Python's LLTMFunction", "LLTMFunction")):
+            print(f"    {'beyond the two C++ passes, ' + short:46s} {times[label] - passes:8.1f}")
+
+
+if __name__ == "__main__":
+    main()

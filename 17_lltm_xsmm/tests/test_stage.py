@@ -1,0 +1,189 @@
+"""Stage 17's tests: stage 11's (the recurrent-cell contract of common/ for the module and the
+Function, on awkward shapes in float32 and float64, one answer on 1 and 2 threads; the compiled
+module called directly; the SSE2 and AVX2 copies; what the Function saves; one OpenMP runtime;
+both build routes), and what is new: the GEMMs against ATen's on awkward shapes and with
+strided inputs, no ATen matrix product left in the source, LIBXSMM kept inside the module."""
+
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from eml.common.cpp_checks import assert_no_matrix_product
+from eml.common.lltm_checks import CellTests, Shape, make_arguments, reference_lltm
+from eml.lltm_xsmm import LLTM, LLTMFunction, _C, jit
+
+
+class TestCell(CellTests):
+    make_cell = staticmethod(LLTM)
+    function = staticmethod(LLTMFunction.apply)
+    prefix = "lltm_xsmm"
+    double_backward = False  # the backward is C++, outside autograd: once differentiable
+
+
+def test_forward_returns_h_cell_and_the_gates():
+    input, weights, bias, old_h, old_cell = make_arguments(Shape(4, 6, 5), torch.float64)
+    new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
+    assert [tuple(t.shape) for t in (new_h, new_cell, gates)] == [(4, 5), (4, 5), (4, 15)]
+    torch.testing.assert_close(gates, torch.cat([old_h, input], 1) @ weights.t() + bias)
+    expected = reference_lltm(input, weights, bias, old_h, old_cell)
+    torch.testing.assert_close(new_h, expected[0])
+    torch.testing.assert_close(new_cell, expected[1])
+
+
+def test_forward_pass_alone_is_the_forward_after_its_gemm():
+    arguments = make_arguments(Shape(5, 7, 13), torch.float32)
+    new_h, new_cell, gates = _C.forward(*arguments)
+    alone = _C.forward_pass(gates, arguments[4])
+    torch.testing.assert_close(alone[0], new_h, rtol=0, atol=0)
+    torch.testing.assert_close(alone[1], new_cell, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match=r"gates must be a contiguous \(B, 3S\) tensor for old_cell \(B, S\), "
+                                           r"got gates \[5, 39\] and old_cell \[5, 12\]"):
+        _C.forward_pass(gates, torch.zeros(5, 12))
+
+
+def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
+    # F = 9, S = 4: split(S) would give d_old_h 4 columns and d_input only 4 of its 9.
+    arguments = make_arguments(Shape(3, 9, 4), torch.float64)
+    input, weights, bias, old_h, old_cell = arguments
+    new_h, new_cell, gates = _C.forward(*arguments)
+    grad_h, grad_cell = torch.ones_like(new_h), torch.zeros_like(new_cell)
+    d_old_h, d_input, d_weights, d_bias, d_old_cell = _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h,
+                                                                  weights, True, True)
+    assert d_old_h.shape == (3, 4) and d_input.shape == (3, 9) and d_bias.shape == (1, 12)
+    leaves = [a.detach().requires_grad_() for a in arguments]
+    reference_lltm(*leaves)[0].sum().backward()
+    torch.testing.assert_close(d_input, leaves[0].grad)
+    torch.testing.assert_close(d_old_h, leaves[3].grad)
+    torch.testing.assert_close(d_weights, leaves[1].grad)
+
+
+def test_backward_skips_the_gemms_nobody_asked_for():
+    input, weights, bias, old_h, old_cell = make_arguments(Shape(3, 5, 7), torch.float64)
+    new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
+    results = _C.backward(new_h, new_cell, new_cell, gates, input, old_h, weights, False, False)
+    assert [r is None for r in results] == [True, True, True, False, False]
+
+
+def forward_and_backward(arguments):
+    """new_h, new_cell and the five gradients of the cell at these arguments, from _C directly."""
+    new_h, new_cell, gates = _C.forward(*arguments)
+    input, weights, bias, old_h, old_cell = arguments
+    grad_h, grad_cell = torch.cos(new_h), torch.sin(new_cell)  # not all ones: every term counts
+    return [new_h, new_cell, *_C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, True, True)]
+
+
+@pytest.mark.parametrize("shape", [Shape(1, 3, 1), Shape(5, 7, 13), Shape(16, 32, 128), Shape(3, 9, 37)],
+                         ids=str)
+def test_the_sse2_and_avx2_copies_compute_the_same_cell(shape):
+    # S = 1, 13, 37: the 8-wide copy's remainder loop runs; 128: only full vectors.
+    if _C.simd_path() != "avx2+fma":
+        pytest.skip(f"this CPU runs the '{_C.simd_path()}' copy only: there is no second copy to compare")
+    arguments = make_arguments(shape, torch.float32)
+    try:
+        _C.set_simd_path("sse2")
+        portable = forward_and_backward(arguments)
+    finally:
+        _C.set_simd_path("avx2+fma")
+    for name, a, b in zip(["new_h", "new_cell", "d_old_h", "d_input", "d_weights", "d_bias", "d_old_cell"],
+                          portable, forward_and_backward(arguments)):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_an_unknown_simd_path_is_refused_by_name():
+    with pytest.raises(RuntimeError, match="must be 'sse2' or 'avx2\\+fma', got 'avx512'"):
+        _C.set_simd_path("avx512")
+
+
+def saved_bytes(function, arguments):
+    """Bytes of the tensors the Function saves for the backward that are not its inputs or outputs."""
+    known, extra = set(), {}
+
+    def pack(tensor):
+        extra[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    leaves = [a.detach().requires_grad_() for a in arguments]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        outputs = function(*leaves)
+    known = {t.untyped_storage().data_ptr() for t in (*leaves, *outputs)}
+    return sum(size for pointer, size in extra.items() if pointer not in known)
+
+
+def test_saves_only_the_gates_for_the_backward():
+    shape = Shape(64, 1024, 128)
+    arguments = make_arguments(shape, torch.float32)
+    assert saved_bytes(LLTMFunction.apply, arguments) == shape.batch * 3 * shape.state * 4
+
+
+def test_one_openmp_runtime_in_the_process():
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
+    assert len(runtimes) <= 1, f"more than one OpenMP runtime loaded: {sorted(runtimes)}"
+
+
+def test_jit_route_builds_the_same_module(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    module = jit.build()
+    assert str(tmp_path) in module.__file__
+    arguments = make_arguments(Shape(7, 13, 33), torch.float64)
+    for built, installed in zip(module.forward(*arguments), _C.forward(*arguments)):
+        torch.testing.assert_close(built, installed, rtol=0, atol=0)
+
+
+def test_setup_py_route_is_a_compiled_module_in_the_package():
+    assert _C.__name__ == "eml.lltm_xsmm._C" and _C.__file__.endswith(".so")
+
+
+# ---- New in 17: the GEMMs on LIBXSMM ----
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("shape", [Shape(1, 1, 1), Shape(3, 5, 31), Shape(7, 13, 33), Shape(5, 17, 9), Shape(64, 1024, 128),
+                                   Shape(2, 3, 257)], ids=str)
+def test_the_gemms_match_atens(shape, dtype):
+    """gates, d_weights and d_X from the compiled module against ATen's GEMMs on the same operands."""
+    input, weights, bias, old_h, old_cell = make_arguments(shape, dtype)
+    X = torch.cat([old_h, input], dim=1)
+    new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gates, torch.addmm(bias.reshape(1, -1), X, weights.t()), **tolerance)
+    grad_h, grad_cell = torch.randn_like(old_h), torch.randn_like(old_cell)
+    d_old_h, d_input, d_weights, d_bias, _ = _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, True, True)
+    reference = reference_gradients(input, weights, bias, old_h, old_cell, grad_h, grad_cell)
+    for name, got, want in [("d_weights", d_weights, reference["weights"]), ("d_bias", d_bias.reshape(-1), reference["bias"].reshape(-1)),
+                            ("d_old_h", d_old_h, reference["old_h"]), ("d_input", d_input, reference["input"])]:
+        scale = max(1.0, want.abs().max().item())
+        torch.testing.assert_close(got / scale, want / scale, **tolerance, msg=lambda m: f"{name}: {m}")
+
+
+def reference_gradients(input, weights, bias, old_h, old_cell, grad_h, grad_cell):
+    """The gradients of the reference cell (autograd through ATen's ops) for the given output gradients."""
+    leaves = {name: t.detach().clone().requires_grad_() for name, t in
+              dict(input=input, weights=weights, bias=bias, old_h=old_h, old_cell=old_cell).items()}
+    new_h, new_cell = reference_lltm(*leaves.values())
+    torch.autograd.backward([new_h, new_cell], [grad_h, grad_cell])
+    return {name: leaf.grad for name, leaf in leaves.items()}
+
+
+def test_the_gemms_read_strided_operands():
+    """Non-contiguous input, state and weights: the module copies them once, as ATen would."""
+    input, weights, bias, old_h, old_cell = make_arguments(Shape(6, 11, 7), torch.float64)
+    strided = [input.t().contiguous().t(), weights.t().contiguous().t(), bias, old_h.t().contiguous().t(), old_cell]
+    assert not strided[0].is_contiguous() and not strided[1].is_contiguous()
+    for got, want in zip(_C.forward(*strided), _C.forward(input, weights, bias, old_h, old_cell)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_no_aten_matrix_product_in_the_source():
+    """common's source check: no addmm, mm, matmul, linear or BLAS call left in lltm.cpp or lltm.py."""
+    assert_no_matrix_product(pathlib.Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_libxsmm_stays_inside_the_module():
+    symbols = subprocess.run(["nm", "-D", "--defined-only", _C.__file__], capture_output=True, text=True, check=True).stdout
+    leaked = [line.split()[-1] for line in symbols.splitlines() if re.search(r"\b(libxsmm_\w+|[sd]gemm_?)$", line)]
+    assert not leaked, f"_C exports LIBXSMM symbols: {leaked[:5]}"
