@@ -10,7 +10,8 @@ torch.autocast work as in 08.
 
     torch.ops.eml_stable.linear(input, weight, bias)    y = x W^T + b, bias may be None
 
-What changed since stage 08: the namespace (torch.ops.eml_stable) and nothing else in Python.
+What changed since stage 08: the namespace (torch.ops.eml_stable); in ops.py, also _C is imported
+only when the ops are not registered yet (loading by path: README).
 Run it: ``pip install --no-build-isolation .`` here (LIBXSMM needed: README), then ``pytest tests``."""
 
 import math

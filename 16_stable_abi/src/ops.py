@@ -25,7 +25,8 @@ The ops (all functional: no argument is written to or aliased):
     eml_stable::linear_grad_bias(grad_output)          gb = sum of gy rows -> (out)
 
 ``forward`` and ``backward`` below are the course's two functions, on top of the ops.
-What changed since stage 08: the namespace and the stage's name (the two constants below).
+What changed since stage 08: the namespace and the stage's name (the two constants below), and
+``_C`` is imported only when the ops are not registered yet (loading by path).
 Run it: ``pip install --no-build-isolation .`` in 16_stable_abi/, then ``pytest tests``.
 """
 
