@@ -124,3 +124,10 @@ def test_double_backward_claim_is_checked():
 def test_broken_cell_is_caught(cell, function, test, args):
     with pytest.raises((AssertionError, GradcheckError, pytest.fail.Exception)):
         getattr(harness(cell, function), test)(*args)
+
+
+def test_the_tour_header_names_the_lltm_stages_as_ranges():
+    from eml.common.lltm_bench import stage_ranges
+
+    assert stage_ranges(["09_lltm_python", "10_lltm_cpp", "11_lltm_fused", "17_lltm_xsmm"]) == "09-11, 17"
+    assert stage_ranges(["11_lltm_fused"]) == "11"

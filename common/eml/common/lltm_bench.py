@@ -171,12 +171,25 @@ def header(runs, rounds, device="cpu"):
             f"{'CPU' if torch.device(device).type == 'cpu' else 'GPU'}: {where}")
 
 
+def stage_ranges(names):
+    """'09-11, 17' for the stage folders 09_..., 10_..., 11_..., 17_...: runs of consecutive numbers."""
+    numbers = sorted({int(name[:2]) for name in names})
+    runs = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ", ".join(f"{a:02d}" if a == b else f"{a:02d}-{b:02d}" for a, b in runs)
+
+
 def tour_section(stages, quick: bool) -> bool:
     """The tour's LLTM section: a correctness line per cell, then the benchmark."""
     makers = discover_cells(stages)
     if not makers:
         return True
-    print("LLTM cells (stages 09-11): correctness against the reference (common/lltm_checks.py)", flush=True)
+    print(f"LLTM cells (stages {stage_ranges(name for name, stage in stages if stage.get('cells'))}): "
+          "correctness against the reference (common/lltm_checks.py)", flush=True)
     ok = True
     for label, make in makers.items():
         try:
