@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from eml.common.cpp_checks import assert_no_matrix_product
-from eml.common.lltm_checks import CellTests, Shape, make_arguments, reference_lltm
+from eml.common.lltm_checks import CellTests, Shape, assert_all_close, make_arguments, outputs_and_grads, reference_lltm
 from eml.lltm_xsmm import LLTM, LLTMFunction, _C, jit
 
 
@@ -144,28 +144,16 @@ def test_setup_py_route_is_a_compiled_module_in_the_package():
 @pytest.mark.parametrize("shape", [Shape(1, 1, 1), Shape(3, 5, 31), Shape(7, 13, 33), Shape(5, 17, 9), Shape(64, 1024, 128),
                                    Shape(2, 3, 257)], ids=str)
 def test_the_gemms_match_atens(shape, dtype):
-    """gates, d_weights and d_X from the compiled module against ATen's GEMMs on the same operands."""
+    """gates against ATen's addmm on the same operands; the outputs and five gradients of the
+    Function against the reference cell (common's helpers), at shapes that include the
+    benchmark's large one (every GEMM split among threads) and a 1-row one."""
     input, weights, bias, old_h, old_cell = make_arguments(shape, dtype)
     X = torch.cat([old_h, input], dim=1)
-    new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
+    _, _, gates = _C.forward(input, weights, bias, old_h, old_cell)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(gates, torch.addmm(bias.reshape(1, -1), X, weights.t()), **tolerance)
-    grad_h, grad_cell = torch.randn_like(old_h), torch.randn_like(old_cell)
-    d_old_h, d_input, d_weights, d_bias, _ = _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, True, True)
-    reference = reference_gradients(input, weights, bias, old_h, old_cell, grad_h, grad_cell)
-    for name, got, want in [("d_weights", d_weights, reference["weights"]), ("d_bias", d_bias.reshape(-1), reference["bias"].reshape(-1)),
-                            ("d_old_h", d_old_h, reference["old_h"]), ("d_input", d_input, reference["input"])]:
-        scale = max(1.0, want.abs().max().item())
-        torch.testing.assert_close(got / scale, want / scale, **tolerance, msg=lambda m: f"{name}: {m}")
-
-
-def reference_gradients(input, weights, bias, old_h, old_cell, grad_h, grad_cell):
-    """The gradients of the reference cell (autograd through ATen's ops) for the given output gradients."""
-    leaves = {name: t.detach().clone().requires_grad_() for name, t in
-              dict(input=input, weights=weights, bias=bias, old_h=old_h, old_cell=old_cell).items()}
-    new_h, new_cell = reference_lltm(*leaves.values())
-    torch.autograd.backward([new_h, new_cell], [grad_h, grad_cell])
-    return {name: leaf.grad for name, leaf in leaves.items()}
+    arguments = [input, weights, bias, old_h, old_cell]
+    assert_all_close(outputs_and_grads(LLTMFunction.apply, arguments), outputs_and_grads(reference_lltm, arguments), dtype)
 
 
 def test_the_gemms_read_strided_operands():
