@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,67 @@ inline Config default_config() {
   }
   return l_config;
 }
+
+// Scratch memory for the packs that serve one call alone: W in a training forward, W^T in
+// grad_input, x^T in grad_weight. Each is several MB on large layers. Made with at::empty on
+// every call, each would be fresh memory whenever glibc has handed the last one back to the
+// system (it does, for big blocks freed at the top of the heap), and the first write to each
+// 4 KB page of fresh memory is a page fault: 4-9 % of the probe in the training step (README:
+// the training step). So each calling thread keeps one buffer per product, grown to the largest
+// pack it has made, and packs into it again on the next call. No other call can be reading it:
+// a call runs to its end on the thread that made it (parallel_for's workers only help it).
+// The buffers live as long as the thread, as oneDNN's per-thread scratchpad and MKL's buffers do.
+inline void* pack_scratch(int i_product, size_t i_bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer t_buffers[3];
+  Buffer& l_buffer = t_buffers[i_product];
+  if (l_buffer.bytes < i_bytes) {
+    std::free(l_buffer.data);
+    const size_t l_bytes = (i_bytes + 63) / 64 * 64;  // aligned_alloc wants a multiple of the alignment
+    l_buffer.data = std::aligned_alloc(64, l_bytes);
+    l_buffer.bytes = l_buffer.data != nullptr ? l_bytes : 0;
+    TORCH_CHECK(l_buffer.data != nullptr, kStage, ": the ", kProductNames[i_product], " pack: out of memory for ",
+                l_bytes, " bytes");
+  }
+  return l_buffer.data;
+}
+
+// The forward's pack: rows 0 .. i_rows-1 of a row-major matrix (ld i_in), columns [i_c0, i_c1),
+// transposed into a column-major panel (ld i_bm). In 8 x 8 blocks: the block's 8 source rows and
+// 8 destination columns stay in L1 while they are read and written, and a full block's fixed
+// trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans did this job
+// before; on the large weights it was 2-3 times slower (README: the training step).
+// target_clones compiles it for AVX-512, AVX2 and the baseline and picks one when the module
+// loads (as column_sums in products.h); internal linkage, because GCC exports the resolver.
+namespace {
+template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void transpose_to_panel(const T* __restrict i_src, T* __restrict o_panel, idx i_in, idx i_bm, idx i_rows, idx i_c0,
+                        idx i_c1) {
+  constexpr idx kBlock = 8;
+  for (idx l_r0 = 0; l_r0 < i_rows; l_r0 += kBlock) {
+    const idx l_r1 = std::min(i_rows, l_r0 + kBlock);
+    for (idx l_c0 = i_c0; l_c0 < i_c1; l_c0 += kBlock) {
+      const idx l_c1 = std::min(i_c1, l_c0 + kBlock);
+      if (l_r1 - l_r0 == kBlock && l_c1 - l_c0 == kBlock) {
+        for (idx l_c = 0; l_c < kBlock; l_c++) {
+          for (idx l_r = 0; l_r < kBlock; l_r++) {
+            o_panel[(l_c0 + l_c) * i_bm + l_r0 + l_r] = i_src[(l_r0 + l_r) * i_in + l_c0 + l_c];
+          }
+        }
+      } else {  // the edges
+        for (idx l_c = l_c0; l_c < l_c1; l_c++) {
+          for (idx l_r = l_r0; l_r < l_r1; l_r++) o_panel[l_c * i_bm + l_r] = i_src[l_r * i_in + l_c];
+        }
+      }
+    }
+  }
+}
+}  // namespace
 
 // Each dtype's plan table holds at most this many plans, one per (product, batch size): 85 batch
 // sizes when all three products run. Beyond, the plans are dropped and rebuilt on demand (cheap:
@@ -167,7 +229,7 @@ class LinearState {
   //   W (row-major, out x in)            packed: panel 0 | panel 1 | ...    (each bm x in,
   //   row 0    [w00 w01 w02 ...]           w00 w10 .. w(bm-1)0  w01 w11 ..    column-major)
   //   row 1    [w10 w11 w12 ...]   -->
-  //   ...                                  a transpose of each bm-row slice (libxsmm_otrans)
+  //   ...                                  a transpose of each bm-row slice (transpose_to_panel)
   //
   // i_cache: the caller says no gradient is recorded for W in this call (inference, or a frozen
   // weight). Then the pack of an earlier call is reused if W is still the same tensor, unchanged:
@@ -190,21 +252,31 @@ class LinearState {
       }
       if (!l_cacheable) m_pack = PackedWeight();  // drop the cached copy: it is about to be stale
     }
-    // A fresh tensor each time: a concurrent call still reading the previous pack keeps it alive.
+    // A cached pack is a fresh tensor (a concurrent call still reading the previous one keeps it
+    // alive); a pack for this call alone goes into the thread's scratch buffer.
     const idx l_panels = (m_out + i_bm - 1) / i_bm;
-    at::Tensor l_packed = at::empty({l_panels * i_bm * m_in}, i_weight_contiguous.options());
-    const auto l_size = static_cast<unsigned int>(i_weight_contiguous.element_size());
-    const char* l_w = static_cast<const char*>(i_weight_contiguous.const_data_ptr());
-    char* l_p = static_cast<char*>(l_packed.mutable_data_ptr());
-    at::parallel_for(/*begin=*/0, /*end=*/l_panels, /*grain_size=*/1, [&](idx i_first, idx i_last) {
-      for (idx l_mb = i_first; l_mb < i_last; l_mb++) {
-        // Rows mb*bm.. of W are the column-major (in x rows) matrix at row mb*bm, ld = in; its
-        // transpose (rows x in, ld = bm) is panel mb. The rows of a tail panel past `out` stay
-        // unwritten: the tail kernel reads only the panel's first rows.
-        const idx l_rows = std::min(i_bm, m_out - l_mb * i_bm);
-        libxsmm_otrans(l_p + l_mb * i_bm * m_in * l_size, l_w + l_mb * i_bm * m_in * l_size, l_size,
-                       /*m=*/m_in, /*n=*/l_rows, /*ldi=*/m_in, /*ldo=*/i_bm);
-      }
+    const int64_t l_numel = l_panels * i_bm * m_in;
+    at::Tensor l_packed =
+        l_cacheable ? at::empty({l_numel}, i_weight_contiguous.options())
+                    : at::from_blob(pack_scratch(kForward, l_numel * i_weight_contiguous.element_size()), {l_numel},
+                                    i_weight_contiguous.options());
+    // Parallel over (panel, 256 columns) pieces, so that a layer with few panels still keeps
+    // every thread busy. The rows of a tail panel past `out` stay unwritten: the tail kernel
+    // reads only the panel's first rows.
+    constexpr idx kColumns = 256;
+    const idx l_pieces = (m_in + kColumns - 1) / kColumns;
+    AT_DISPATCH_FLOATING_TYPES(i_weight_contiguous.scalar_type(), "tpp::packed_weight", [&] {
+      const scalar_t* l_w = i_weight_contiguous.const_data_ptr<scalar_t>();
+      scalar_t* l_p = l_packed.mutable_data_ptr<scalar_t>();
+      at::parallel_for(/*begin=*/0, /*end=*/l_panels * l_pieces, /*grain_size=*/1, [&](idx i_first, idx i_last) {
+        for (idx l_task = i_first; l_task < i_last; l_task++) {
+          const idx l_mb = l_task / l_pieces, l_c0 = (l_task % l_pieces) * kColumns;
+          // Rows mb*bm.. of W, transposed: panel mb, (rows x in) column-major, ld = bm.
+          transpose_to_panel<scalar_t>(l_w + l_mb * i_bm * m_in, l_p + l_mb * i_bm * m_in, /*in=*/m_in, i_bm,
+                                       /*rows=*/std::min(i_bm, m_out - l_mb * i_bm), l_c0,
+                                       std::min(m_in, l_c0 + kColumns));
+        }
+      });
     });
     std::lock_guard<std::mutex> l_lock(m_pack_mutex);
     m_packs++;

@@ -28,6 +28,7 @@ from eml.common.cpp_checks import (
     AWKWARD, CppModuleTests, assert_exports_no_symbol_of, assert_no_matrix_product, assert_results_close, everything,
     expected_grads, tensors,
 )
+from eml.common.cpp_checks import assert_matches_torch_in_turns_and_on_two_threads
 from eml.linear_tpp import TOUR, Function, Layer, _C, peak_gflops
 
 STAGE = pathlib.Path(__file__).resolve().parents[1]  # 06_tpp/, as shipped in the repository
@@ -219,6 +220,10 @@ def test_state_is_freed_with_its_last_reference():
 def resident_bytes():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_packs_for_one_call_fit_in_turns_and_on_two_threads():
+    assert_matches_torch_in_turns_and_on_two_threads(_C, lambda case: (_C.LinearState(case.in_features, case.out_features),))
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="/proc/self/statm is Linux's")

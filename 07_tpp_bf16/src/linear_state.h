@@ -10,6 +10,8 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,25 +68,98 @@ inline const char* const kBf16PathNames[] = {"vnni", "reference", "fp32"};
 // What the cached pack holds: fp32/fp64 panels (stage 06's layout) or VNNI-2 bf16 panels.
 enum PackKind : int { kPanels = 0, kVnniPanels = 1 };
 
+// Scratch memory for the packs that serve one call alone in the float32/float64 path: W^T in
+// grad_input, x^T in grad_weight (the forward's W stays a tensor of its own here, for the cache
+// that holds either layout). Each is several MB on large layers. Made with at::empty on
+// every call, each would be fresh memory whenever glibc has handed the last one back to the
+// system (it does, for big blocks freed at the top of the heap), and the first write to each
+// 4 KB page of fresh memory is a page fault: 4-9 % of the probe in the training step (06's README:
+// the training step). So each calling thread keeps one buffer per product, grown to the largest
+// pack it has made, and packs into it again on the next call. No other call can be reading it:
+// a call runs to its end on the thread that made it (parallel_for's workers only help it).
+// The buffers live as long as the thread, as oneDNN's per-thread scratchpad and MKL's buffers do.
+inline void* pack_scratch(int i_product, size_t i_bytes) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+    ~Buffer() { std::free(data); }
+  };
+  thread_local Buffer t_buffers[3];
+  Buffer& l_buffer = t_buffers[i_product];
+  if (l_buffer.bytes < i_bytes) {
+    std::free(l_buffer.data);
+    const size_t l_bytes = (i_bytes + 63) / 64 * 64;  // aligned_alloc wants a multiple of the alignment
+    l_buffer.data = std::aligned_alloc(64, l_bytes);
+    l_buffer.bytes = l_buffer.data != nullptr ? l_bytes : 0;
+    TORCH_CHECK(l_buffer.data != nullptr, kStage, ": the ", kProductNames[i_product], " pack: out of memory for ",
+                l_bytes, " bytes");
+  }
+  return l_buffer.data;
+}
+
+// The forward's pack: rows 0 .. i_rows-1 of a row-major matrix (ld i_in), columns [i_c0, i_c1),
+// transposed into a column-major panel (ld i_bm). In 8 x 8 blocks: the block's 8 source rows and
+// 8 destination columns stay in L1 while they are read and written, and a full block's fixed
+// trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans did this job
+// before; on the large weights it was 2-3 times slower (06's README: the training step).
+// target_clones compiles it for AVX-512, AVX2 and the baseline and picks one when the module
+// loads (as column_sums in products.h); internal linkage, because GCC exports the resolver.
+namespace {
+template <typename T>
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void transpose_to_panel(const T* __restrict i_src, T* __restrict o_panel, idx i_in, idx i_bm, idx i_rows, idx i_c0,
+                        idx i_c1) {
+  constexpr idx kBlock = 8;
+  for (idx l_r0 = 0; l_r0 < i_rows; l_r0 += kBlock) {
+    const idx l_r1 = std::min(i_rows, l_r0 + kBlock);
+    for (idx l_c0 = i_c0; l_c0 < i_c1; l_c0 += kBlock) {
+      const idx l_c1 = std::min(i_c1, l_c0 + kBlock);
+      if (l_r1 - l_r0 == kBlock && l_c1 - l_c0 == kBlock) {
+        for (idx l_c = 0; l_c < kBlock; l_c++) {
+          for (idx l_r = 0; l_r < kBlock; l_r++) {
+            o_panel[(l_c0 + l_c) * i_bm + l_r0 + l_r] = i_src[(l_r0 + l_r) * i_in + l_c0 + l_c];
+          }
+        }
+      } else {  // the edges
+        for (idx l_c = l_c0; l_c < l_c1; l_c++) {
+          for (idx l_r = l_r0; l_r < l_r1; l_r++) o_panel[l_c * i_bm + l_r] = i_src[l_r * i_in + l_c];
+        }
+      }
+    }
+  }
+}
+}  // namespace
+
 // W (out, in) contiguous, transposed into panels of bm rows, column-major, ld bm (the forward's
-// A operand, stage 06's layout). Any element type: libxsmm_otrans moves bytes.
+// A operand, stage 06's layout). Any element type: transpose_to_panel moves 2, 4 or 8 bytes.
+// Parallel over (panel, 256 columns) pieces, so that a layer with few panels still keeps every
+// thread busy. The rows of a tail panel past `out` stay unwritten: the tail kernel reads only
+// the panel's first rows.
+template <typename Bits>
+void pack_panels_as(const Bits* i_w, Bits* o_p, idx i_out, idx i_in, idx i_bm) {
+  constexpr idx kColumns = 256;
+  const idx l_panels = (i_out + i_bm - 1) / i_bm, l_pieces = (i_in + kColumns - 1) / kColumns;
+  at::parallel_for(/*begin=*/0, /*end=*/l_panels * l_pieces, /*grain_size=*/1, [&](idx i_first, idx i_last) {
+    for (idx l_task = i_first; l_task < i_last; l_task++) {
+      const idx l_mb = l_task / l_pieces, l_c0 = (l_task % l_pieces) * kColumns;
+      // Rows mb*bm.. of W, transposed: panel mb, (rows x in) column-major, ld = bm.
+      transpose_to_panel<Bits>(i_w + l_mb * i_bm * i_in, o_p + l_mb * i_bm * i_in, i_in, i_bm,
+                               /*rows=*/std::min(i_bm, i_out - l_mb * i_bm), l_c0, std::min(i_in, l_c0 + kColumns));
+    }
+  });
+}
+
 inline at::Tensor pack_panels(const at::Tensor& i_weight_contiguous, idx i_bm) {
   const idx l_out = i_weight_contiguous.size(0), l_in = i_weight_contiguous.size(1);
   const idx l_panels = (l_out + i_bm - 1) / i_bm;
   at::Tensor l_packed = at::empty({l_panels * i_bm * l_in}, i_weight_contiguous.options());
-  const auto l_size = static_cast<unsigned int>(i_weight_contiguous.element_size());
-  const char* l_w = static_cast<const char*>(i_weight_contiguous.const_data_ptr());
-  char* l_p = static_cast<char*>(l_packed.mutable_data_ptr());
-  at::parallel_for(/*begin=*/0, /*end=*/l_panels, /*grain_size=*/1, [&](idx i_first, idx i_last) {
-    for (idx l_mb = i_first; l_mb < i_last; l_mb++) {
-      // Rows mb*bm.. of W are the column-major (in x rows) matrix at row mb*bm, ld = in; its
-      // transpose (rows x in, ld = bm) is panel mb. The rows of a tail panel past `out` stay
-      // unwritten: the tail kernel reads only the panel's first rows.
-      const idx l_rows = std::min(i_bm, l_out - l_mb * i_bm);
-      libxsmm_otrans(l_p + l_mb * i_bm * l_in * l_size, l_w + l_mb * i_bm * l_in * l_size, l_size,
-                     /*m=*/l_in, /*n=*/l_rows, /*ldi=*/l_in, /*ldo=*/i_bm);
-    }
-  });
+  const void* l_w = i_weight_contiguous.const_data_ptr();
+  void* l_p = l_packed.mutable_data_ptr();
+  switch (i_weight_contiguous.element_size()) {
+    case 2: pack_panels_as(static_cast<const uint16_t*>(l_w), static_cast<uint16_t*>(l_p), l_out, l_in, i_bm); break;
+    case 4: pack_panels_as(static_cast<const uint32_t*>(l_w), static_cast<uint32_t*>(l_p), l_out, l_in, i_bm); break;
+    default: pack_panels_as(static_cast<const uint64_t*>(l_w), static_cast<uint64_t*>(l_p), l_out, l_in, i_bm); break;
+  }
   return l_packed;
 }
 
@@ -253,7 +328,7 @@ class LinearState {
   //   W (row-major, out x in)            packed: panel 0 | panel 1 | ...    (each bm x in,
   //   row 0    [w00 w01 w02 ...]           w00 w10 .. w(bm-1)0  w01 w11 ..    column-major)
   //   row 1    [w10 w11 w12 ...]   -->
-  //   ...                                  a transpose of each bm-row slice (libxsmm_otrans)
+  //   ...                                  a transpose of each bm-row slice (transpose_to_panel)
   //
   // i_cache: the caller says no gradient is recorded for W in this call (inference, or a frozen
   // weight). Then the pack of an earlier call is reused if W is still the same tensor, unchanged:

@@ -31,6 +31,7 @@ from eml.common.cpp_checks import (
     AWKWARD, CppModuleTests, assert_exports_no_symbol_of, assert_no_matrix_product, assert_results_close, everything,
     expected_grads, tensors,
 )
+from eml.common.cpp_checks import assert_matches_torch_in_turns_and_on_two_threads
 from eml.linear_tpp_bf16 import TOUR, Function, Layer, _C, bf16_path, peak_gflops, peak_gflops_bf16
 
 STAGE = pathlib.Path(__file__).resolve().parents[1]  # 07_tpp_bf16/, as shipped in the repository
@@ -309,6 +310,10 @@ def test_bias_overload_adds_the_bias():
 @pytest.mark.parametrize("case", AWKWARD, ids=str)
 def test_awkward_shapes_match_torch(case, dtype, bias):
     check_everything(case, dtype, _C.LinearState(case.in_features, case.out_features), bias)
+
+
+def test_packs_for_one_call_fit_in_turns_and_on_two_threads():
+    assert_matches_torch_in_turns_and_on_two_threads(_C, lambda case: (_C.LinearState(case.in_features, case.out_features),))
 
 
 @pytest.mark.parametrize("n_outer", [(False, False, False), (True, True, True)], ids=["rows-first", "columns-first"])

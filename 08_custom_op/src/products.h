@@ -133,10 +133,9 @@ void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, const at::Te
 // in place instead, A's columns lie `cols` elements apart, a multiple of 4 KB for the usual
 // sizes: every column of a k step falls into the same few L1 sets, and they evict each other.
 template <typename T>
-at::Tensor pack_column_panels(const T* i_src, idx i_rows, idx i_cols, idx i_bm) {
+const T* pack_column_panels(Product i_product, const T* i_src, idx i_rows, idx i_cols, idx i_bm) {
   const idx l_panels = (i_cols + i_bm - 1) / i_bm;
-  at::Tensor l_packed = at::empty({l_panels * i_bm * i_rows}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
-  T* l_p = l_packed.mutable_data_ptr<T>();
+  T* l_p = static_cast<T*>(pack_scratch(i_product, l_panels * i_bm * i_rows * sizeof(T)));
   at::parallel_for(/*begin=*/0, /*end=*/i_rows, /*grain_size=*/64, [&](idx i_first, idx i_last) {
     for (idx l_mb = 0; l_mb < l_panels; l_mb++) {
       // the tail panel's rows hold fewer than bm values; the rest stays unwritten, never read
@@ -146,7 +145,7 @@ at::Tensor pack_column_panels(const T* i_src, idx i_rows, idx i_cols, idx i_bm) 
       }
     }
   });
-  return l_packed;
+  return l_p;
 }
 
 // gx (N, in) = gy (N, out) W (out, in): gx^T = W^T . gy^T; W^T packed into panels, gy per thread.
@@ -156,8 +155,7 @@ void grad_input_tpp(LinearState& io_state, const T* i_gy, const T* i_w, T* o_gx,
   const BlockedGemm<T>& l_gemm = *l_plan;
   const idx bm = l_gemm.bm, bk = l_gemm.bk;
   if (N == 0 || i_in == 0) return;
-  const at::Tensor l_panels = pack_column_panels(i_w, /*rows=*/i_out, /*cols=*/i_in, bm);  // W^T, (in x out) in panels
-  const T* l_a = l_panels.const_data_ptr<T>();
+  const T* l_a = pack_column_panels(kGradInput, i_w, /*rows=*/i_out, /*cols=*/i_in, bm);  // W^T, (in x out) in panels
   l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * i_out + kb * bk * bm; },  // panel mb, k step kb
              [&](idx, idx nb, idx kb0, idx kb1, T* o_buffer) {  // B = gy^T: column j is row j of gy
                pack_b_rows(l_gemm, i_gy, /*ld_src=*/i_out, nb, kb0, kb1, o_buffer);
@@ -177,8 +175,7 @@ bool grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw
   const BlockedGemm<T>& l_gemm = *l_plan;
   const idx bm = l_gemm.bm, bk = l_gemm.bk;
   if (i_in == 0 || i_out == 0) return false;
-  const at::Tensor l_panels = pack_column_panels(i_x, /*rows=*/N, /*cols=*/i_in, bm);  // x^T, (in x N) in panels
-  const T* l_a = l_panels.const_data_ptr<T>();
+  const T* l_a = pack_column_panels(kGradWeight, i_x, /*rows=*/N, /*cols=*/i_in, bm);  // x^T, (in x N) in panels
   l_gemm.run([&](idx mb, idx kb) { return l_a + mb * bm * N + kb * bk * bm; },  // panel mb, k step kb
              [&](idx mb, idx nb, idx kb0, idx kb1, T* o_buffer) {
                T* l_sums = (o_gb != nullptr && mb == 0) ? o_gb + nb * l_gemm.bn : nullptr;

@@ -27,6 +27,7 @@ from eml.common.cpp_checks import (
     assert_results_close, everything,
     expected_grads, tensors,
 )
+from eml.common.cpp_checks import assert_matches_torch_in_turns_and_on_two_threads
 from eml.linear_stable import TOUR, Layer, _C, ops as ops_module, peak_gflops
 from eml.linear_stable.ops import FLAG_BETA_0, FLAG_TRANS_A, FLAG_TRANS_B, ops
 
@@ -86,6 +87,10 @@ def test_long_reductions_add_up_in_chunks(dtype):
     input, weight, bias, grad_output = tensors(case, dtype)
     want = [F.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
     assert_results_close(everything(ops_module, input, weight, bias, grad_output), want, case, dtype)
+
+
+def test_packs_for_one_call_fit_in_turns_and_on_two_threads():
+    assert_matches_torch_in_turns_and_on_two_threads(ops_module)
 
 
 # -- opcheck: every op, the shared samples, float32, float64 and bfloat16, with and without grad --

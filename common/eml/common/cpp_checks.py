@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -95,6 +96,39 @@ def assert_results_close(got, want, case, dtype, what=""):
         else:
             atol = 2e-5 * math.sqrt(max(1, terms))
             torch.testing.assert_close(g, w, rtol=2e-5, atol=atol, msg=lambda m: f"{name} {case} {what}: {m}")
+
+
+def assert_matches_torch_in_turns_and_on_two_threads(module, extra=lambda case: ()):
+    """Stages 06-08 and 16 pack some operands for one call alone (W^T for grad_input, x^T for
+    grad_weight, and W in a forward that does not cache it) into a scratch buffer per calling
+    thread that only grows (06's README: the training step). Layers of different sizes in turn
+    (big, small, big again in float64: twice the bytes) must each get a buffer that fits them,
+    here and on a second thread: every result against torch. ``extra(case)``: the stage's own
+    trailing arguments (06 and 07: a LinearState)."""
+    big, small = Case((70,), 300, 200), Case((3,), 9, 5)
+    turns = [(big, torch.float32), (small, torch.float32), (big, torch.float64), (small, torch.float64),
+             (big, torch.float32)]
+
+    def take_turns():
+        for case, dtype in turns:
+            input, weight, bias, grad_output = tensors(case, dtype)
+            want = [torch.nn.functional.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
+            got = everything(module, input, weight, bias, grad_output, *extra(case))
+            assert_results_close(got, want, case, dtype, "in turns")
+
+    take_turns()
+    failures = []
+
+    def on_a_thread():
+        try:
+            take_turns()
+        except Exception as error:  # noqa: BLE001 - carried to the assert below
+            failures.append(error)
+
+    thread = threading.Thread(target=on_a_thread)
+    thread.start()
+    thread.join()
+    assert not failures, f"on a second thread: {failures[0]}"
 
 
 class CppModuleTests:

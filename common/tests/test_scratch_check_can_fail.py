@@ -1,0 +1,74 @@
+"""cpp_checks.assert_matches_torch_in_turns_and_on_two_threads is only worth something if it fails
+on the bugs a per-thread scratch buffer invites. Each fake module below is a correct linear
+layer (forward and backward in the shape compiled modules have) but for one such bug: a buffer
+that never grows, or one buffer shared by every thread. The check must catch both, and pass
+the correct one."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from eml.common.cpp_checks import assert_matches_torch_in_turns_and_on_two_threads
+
+
+class CorrectModule:
+    """y = x W^T + b and its three gradients, with W^T "packed" into a buffer first, as the stages
+    pack it; pack() hands out the buffer. Here a fresh one per call: nothing to go wrong."""
+
+    def pack(self, weight):
+        return weight.t().contiguous()
+
+    def forward(self, input, weight, bias):
+        return F.linear(input, weight, bias)
+
+    def backward(self, grad_output, input, weight, need_input, need_weight, need_bias):
+        n = input.numel() // input.shape[-1]
+        grad_2d, input_2d = grad_output.reshape(n, -1), input.reshape(n, -1)
+        packed = self.pack(weight)  # (in, out): grad_input = grad_output W = grad_output packed^T
+        return [grad_output @ packed.t(), grad_2d.t() @ input_2d, grad_2d.sum(0)]
+
+
+class NeverGrows(CorrectModule):
+    """Keeps the bytes of the first buffer it made and packs every later weight into them, a
+    buffer sized for the first layer in its dtype, whatever the next one needs (a memory overrun
+    in C++; here the pack is cut short, the rest read as zeros)."""
+
+    def __init__(self):
+        self.bytes = None
+
+    def pack(self, weight):
+        flat = weight.t().contiguous().flatten()
+        if self.bytes is None:
+            self.bytes = flat.numel() * flat.element_size()
+        fitted = torch.zeros_like(flat)
+        count = min(flat.numel(), self.bytes // flat.element_size())
+        fitted[:count] = flat[:count]
+        return fitted.reshape(weight.shape[1], weight.shape[0])
+
+
+class SharedByThreads(CorrectModule):
+    """One buffer for the whole process, as if it were not per thread: a call on another thread
+    packs into it while the first thread still reads it. Forced here by letting the other thread
+    overwrite the buffer between this thread's pack and its use."""
+
+    def __init__(self):
+        self.buffer = {}
+        self.first_thread = threading.get_ident()
+
+    def pack(self, weight):
+        self.buffer["panels"] = weight.t().contiguous()
+        if threading.get_ident() != self.first_thread:
+            self.buffer["panels"] = torch.zeros_like(self.buffer["panels"])  # another call's pack landed
+        return self.buffer["panels"]
+
+
+def test_the_correct_module_passes():
+    assert_matches_torch_in_turns_and_on_two_threads(CorrectModule())
+
+
+@pytest.mark.parametrize("broken", [NeverGrows, SharedByThreads], ids=lambda c: c.__name__)
+def test_a_broken_scratch_is_caught(broken):
+    with pytest.raises(AssertionError):
+        assert_matches_torch_in_turns_and_on_two_threads(broken())
