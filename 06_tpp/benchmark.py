@@ -4,6 +4,7 @@
     python 06_tpp/benchmark.py --quick    # one shape, short
     python 06_tpp/benchmark.py --products # each product beside torch and numpy/OpenBLAS
     python 06_tpp/benchmark.py --blockings  # candidate blockings per product (how the default was chosen)
+    python 06_tpp/benchmark.py --parts    # the training step beside the sum of its parts
 
 For each shape N x in x out: the forward alone (inference, packed weight cached), the
 training step (forward + backward of input, weight and bias, the weight packed afresh, as
@@ -13,6 +14,11 @@ GFLOP/s and as a share of the peak probe. Medians of interleaved rounds, all thr
 --products times each of the three products alone, as a share of the peak probe, for stage
 06 and for the same product in torch (what torch.nn.Linear's forward and backward call:
 F.linear, gy @ W, gy^T @ x) and in numpy (OpenBLAS): where does a hand-made layer lose?
+
+--parts times the training step's parts in milliseconds: the forward with its packed weight
+cached and packing W afresh (as training does), the backward of all three gradients, the two
+calls in a row from C++ (no autograd), the step through autograd, and torch.nn.Linear's step
+(F.linear, gy @ W, gy^T @ x, the bias sum): does the step cost what its parts add up to?
 
 --blockings times each product under candidate blockings (bm, bn, bk) on one thread, in CPU
 time, interleaved: the measurement behind the default blocking of this CPU's instruction set.
@@ -49,7 +55,10 @@ def main():
     parser.add_argument("--cpu-time", action="store_true", help="one thread, timed in CPU seconds")
     parser.add_argument("--products", action="store_true", help="each product beside torch and numpy")
     parser.add_argument("--blockings", action="store_true", help="candidate blockings per product, one thread")
+    parser.add_argument("--parts", action="store_true", help="the training step beside the sum of its parts")
     args = parser.parse_args()
+    if args.parts:
+        return parts(SHAPES[:1] if args.quick else SHAPES, 1 if args.quick else args.rounds)
     if args.products:
         return products(SHAPES[:1] if args.quick else SHAPES, 1 if args.quick else args.rounds)
     if args.blockings:
@@ -143,6 +152,39 @@ def products(shapes, rounds):
         print(f"  {name:>12}: stage 06 {100 * statistics.median(shares[('06', name)]):.0f}%,"
               f" torch {100 * statistics.median(shares[('torch', name)]):.0f}%,"
               f" numpy {100 * statistics.median(shares[('numpy', name)]):.0f}%")
+
+
+def parts(shapes, rounds):
+    """The training step and its parts, in ms per call (medians of interleaved rounds), all threads."""
+    threads = torch.get_num_threads()
+    peak = peak_gflops()
+    print(f"CPU: {cpu_name()}, {threads} threads, LIBXSMM target {_C.target_arch()}, wall clock; "
+          f"peak probe {peak:.1f} GFLOP/s; ms per call")
+    statements = {
+        "fwd cached": "_C.forward(x, w, b, state, True)",
+        "fwd packs W": "_C.forward(x, w, b, state, False)",
+        "backward": "_C.backward(gy, x, w, True, True, True, state)",
+        "C++ step": "_C.forward(x, w, b, state, False); _C.backward(gy, x, w, True, True, True, state)",
+        "step": "torch.autograd.grad(layer(xg), params, gy)",
+        "torch step": "F.linear(x, w, b); gy.mm(w); gy.t().mm(x); gy.sum(0)",
+    }
+    print(f"{'N x in x out':>16} " + " ".join(f"{k:>11}" for k in statements) + f" {'step %pk':>9}")
+    for n, i, o in shapes:
+        torch.manual_seed(0)
+        layer = Layer(i, o)
+        xg = torch.randn(n, i, requires_grad=True)
+        env = {"_C": _C, "torch": torch, "F": torch.nn.functional, "layer": layer, "state": layer.state, "xg": xg,
+               "x": xg.detach(), "w": layer.weight.detach(), "b": layer.bias.detach(), "gy": torch.randn(n, o),
+               "params": [xg, *layer.parameters()]}
+        timers = {k: benchmark.Timer(s, globals=env, num_threads=threads) for k, s in statements.items()}
+        times = {k: [] for k in statements}
+        for _ in range(rounds):  # interleaved: every part, then again
+            for k, timer in timers.items():
+                times[k].extend(timer.blocked_autorange(min_run_time=0.3).times)
+        ms = {k: 1e3 * statistics.median(t) for k, t in times.items()}
+        share = 6 * n * i * o / (ms["step"] * 1e-3) * 1e-9 / peak
+        shape = "x".join(map(str, (n, i, o)))
+        print(f"{shape:>16} " + " ".join(f"{ms[k]:>11.2f}" for k in statements) + f" {100 * share:>8.0f}%")
 
 
 # (bm, bn, bk) candidates for --blockings; bk 0 = the whole K in one step.
