@@ -70,14 +70,14 @@ enum PackKind : int { kPanels = 0, kVnniPanels = 1 };
 
 // Scratch memory for the packs that serve one call alone in the float32/float64 path: W^T in
 // grad_input, x^T in grad_weight (the forward's W stays a tensor of its own here, for the cache
-// that holds either layout). Each is several MB on large layers. Made with at::empty on
-// every call, each would be fresh memory whenever glibc has handed the last one back to the
-// system (it does, for big blocks freed at the top of the heap), and the first write to each
-// 4 KB page of fresh memory is a page fault: 3-9 points of the probe in the training step (06's README:
-// the training step). So each calling thread keeps one buffer per product, grown to the largest
-// pack it has made, and packs into it again on the next call. No other call can be reading it:
-// a call runs to its end on the thread that made it (parallel_for's workers only help it).
-// The buffers live as long as the thread, as oneDNN's per-thread scratchpad and MKL's buffers do.
+// that holds either layout). Each is several MB on large layers. Made with at::empty on every
+// call, each would be fresh memory whenever glibc has handed the last one back to the system (it
+// does, for big blocks freed at the top of the heap), and the first write to each 4 KB page of
+// fresh memory is a page fault: 3-9 points of the probe in the training step (06's README: the
+// training step). So each calling thread keeps one buffer per product, grown to the largest pack
+// it has made, and packs into it again on the next call. No other call can be reading it: a call
+// runs to its end on the thread that made it (parallel_for's workers only help it). The buffers
+// live as long as the thread, as oneDNN's per-thread scratchpad and MKL's buffers do.
 inline void* pack_scratch(int i_product, size_t i_bytes) {
   struct Buffer {
     void* data = nullptr;
@@ -97,19 +97,20 @@ inline void* pack_scratch(int i_product, size_t i_bytes) {
   return l_buffer.data;
 }
 
-// The forward's pack: rows 0 .. i_rows-1 of a row-major matrix (ld i_in), columns [i_c0, i_c1),
-// transposed into a column-major panel (ld i_bm). In 8 x 8 blocks: the block's 8 source rows and
-// 8 destination columns stay in L1 while they are read and written, and a full block's fixed
-// trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans did this job
-// before; with it the forward that packs W took 2-15 % longer than one with a cached pack,
-// now 3-8 % (06's README: the training step).
-// target_clones compiles it for AVX-512, AVX2 and the baseline and picks one when the module
-// loads (as column_sums in products.h); internal linkage, because GCC exports the resolver.
+// The stage's one transpose: rows 0 .. i_rows-1 of a row-major matrix (ld i_ld_src), columns
+// [i_c0, i_c1), into a column-major panel (ld i_ld_panel). It packs the forward's W into panels
+// and, in products.h, grad_weight's blocks of gy into B slabs. In 8 x 8 blocks: the block's 8
+// source rows and 8 destination columns stay in L1 while they are read and written, and a full
+// block's fixed trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans
+// did this job before; with it the forward that packs W took 2-15 % longer than one with a
+// cached pack, now 3-8 % (06's README: the training step). target_clones compiles it for
+// AVX-512, AVX2 and the baseline and picks one when the module loads (as column_sums in
+// products.h); internal linkage, because GCC exports the resolver.
 namespace {
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
-void transpose_to_panel(const T* __restrict i_src, T* __restrict o_panel, idx i_in, idx i_bm, idx i_rows, idx i_c0,
-                        idx i_c1) {
+void transpose_to_panel(const T* __restrict i_src, T* __restrict o_panel, idx i_ld_src, idx i_ld_panel, idx i_rows,
+                        idx i_c0, idx i_c1) {
   constexpr idx kBlock = 8;
   for (idx l_r0 = 0; l_r0 < i_rows; l_r0 += kBlock) {
     const idx l_r1 = std::min(i_rows, l_r0 + kBlock);
@@ -118,12 +119,12 @@ void transpose_to_panel(const T* __restrict i_src, T* __restrict o_panel, idx i_
       if (l_r1 - l_r0 == kBlock && l_c1 - l_c0 == kBlock) {
         for (idx l_c = 0; l_c < kBlock; l_c++) {
           for (idx l_r = 0; l_r < kBlock; l_r++) {
-            o_panel[(l_c0 + l_c) * i_bm + l_r0 + l_r] = i_src[(l_r0 + l_r) * i_in + l_c0 + l_c];
+            o_panel[(l_c0 + l_c) * i_ld_panel + l_r0 + l_r] = i_src[(l_r0 + l_r) * i_ld_src + l_c0 + l_c];
           }
         }
       } else {  // the edges
         for (idx l_c = l_c0; l_c < l_c1; l_c++) {
-          for (idx l_r = l_r0; l_r < l_r1; l_r++) o_panel[l_c * i_bm + l_r] = i_src[l_r * i_in + l_c];
+          for (idx l_r = l_r0; l_r < l_r1; l_r++) o_panel[l_c * i_ld_panel + l_r] = i_src[l_r * i_ld_src + l_c];
         }
       }
     }
@@ -143,9 +144,10 @@ void pack_panels_as(const Bits* i_w, Bits* o_p, idx i_out, idx i_in, idx i_bm) {
   at::parallel_for(/*begin=*/0, /*end=*/l_panels * l_pieces, /*grain_size=*/1, [&](idx i_first, idx i_last) {
     for (idx l_task = i_first; l_task < i_last; l_task++) {
       const idx l_mb = l_task / l_pieces, l_c0 = (l_task % l_pieces) * kColumns;
+      const idx l_rows = std::min(i_bm, i_out - l_mb * i_bm), l_c1 = std::min(i_in, l_c0 + kColumns);
       // Rows mb*bm.. of W, transposed: panel mb, (rows x in) column-major, ld = bm.
-      transpose_to_panel<Bits>(i_w + l_mb * i_bm * i_in, o_p + l_mb * i_bm * i_in, i_in, i_bm,
-                               /*rows=*/std::min(i_bm, i_out - l_mb * i_bm), l_c0, std::min(i_in, l_c0 + kColumns));
+      transpose_to_panel<Bits>(i_w + l_mb * i_bm * i_in, o_p + l_mb * i_bm * i_in, /*ld_src=*/i_in, /*ld_panel=*/i_bm,
+                               l_rows, l_c0, l_c1);
     }
   });
 }

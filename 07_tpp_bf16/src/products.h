@@ -71,9 +71,9 @@ void pack_b_transposed(const BlockedGemm<T>& i_gemm, const T* i_src, idx i_ld_sr
     T* l_slab = o_buffer + (l_kb - i_kb0) * i_gemm.bk * i_gemm.bn;
     const idx l_depth = i_gemm.depth(l_kb);
     const T* l_block = i_src + l_kb * i_gemm.bk * i_ld_src + i_nb * i_gemm.bn;  // rows kb*bk.., columns nb*bn..
-    // the block (depth rows x columns, row-major, ld i_ld_src) is the column-major (columns x
-    // depth) matrix; its transpose (depth x columns, ld bk) is the slab
-    libxsmm_otrans(l_slab, l_block, sizeof(T), /*m=*/l_columns, /*n=*/l_depth, /*ldi=*/i_ld_src, /*ldo=*/i_gemm.bk);
+    // the block (depth rows x columns, row-major, ld i_ld_src) transposed: the slab, column-major
+    // (depth x columns, ld bk)
+    transpose_to_panel<T>(l_block, l_slab, i_ld_src, /*ld_panel=*/i_gemm.bk, /*rows=*/l_depth, 0, l_columns);
     if (o_column_sums != nullptr) {
       for (idx l_j = 0; l_j < l_columns; l_j++) {
         const T* l_column = l_slab + l_j * i_gemm.bk;  // contiguous now
