@@ -45,11 +45,12 @@ inline Config default_config() {
 // grad_input, x^T in grad_weight. Each is several MB on large layers. Made with at::empty on every
 // call, each would be fresh memory whenever glibc has handed the last one back to the system (it
 // does, for big blocks freed at the top of the heap), and the first write to each 4 KB page of
-// fresh memory is a page fault: 3-9 points of the probe in the training step (README: the training
-// step). So each calling thread keeps one buffer per product, grown to the largest pack it has
-// made, and packs into it again on the next call. No other call can be reading it: a call runs to
-// its end on the thread that made it (parallel_for's workers only help it). The buffers live as
-// long as the thread, as oneDNN's per-thread scratchpad and MKL's buffers do.
+// fresh memory is a page fault, paid again on every call (README: the training step, step 6). So
+// each calling thread keeps one buffer per product, grown to the largest pack it has made, and
+// packs into it again on the next call. No other call can be reading it: a call runs to its end on
+// the thread that made it (parallel_for's workers only help it). The buffers live as long as the
+// thread, as oneDNN's per-thread scratchpad and MKL's buffers do: a thread that once packed a
+// large layer keeps that much memory.
 inline void* pack_scratch(int i_product, size_t i_bytes) {
   struct Buffer {
     void* data = nullptr;
@@ -73,11 +74,10 @@ inline void* pack_scratch(int i_product, size_t i_bytes) {
 // [i_c0, i_c1), into a column-major panel (ld i_ld_panel). It packs the forward's W into panels
 // and, in products.h, grad_weight's blocks of gy into B slabs. In 8 x 8 blocks: the block's 8
 // source rows and 8 destination columns stay in L1 while they are read and written, and a full
-// block's fixed trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans
-// did this job before; with it the forward that packs W took 2-15 % longer than one with a
-// cached pack, now 3-8 % (README: the training step). target_clones compiles it for
-// AVX-512, AVX2 and the baseline and picks one when the module loads (as column_sums in
-// products.h); internal linkage, because GCC exports the resolver.
+// block's fixed trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans did
+// this job before (README: the training step, step 7). target_clones compiles it for AVX-512, AVX2
+// and the baseline and picks one when the module loads (as column_sums in products.h); internal
+// linkage, because GCC exports the resolver.
 namespace {
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -204,7 +204,7 @@ at::Tensor forward_bf16(LinearState& io_state, const at::Tensor& i_weight, const
   if (N == 0 || l_out == 0) return l_y;
   const at::Tensor l_xp = pad_to_even(i_x);  // B = x^T, ld = in rounded up to even
   const VnniGemm l_gemm = io_state.vnni_plan(kForward, N, /*ldb=*/l_xp.size(1));
-  const at::Tensor l_panels = io_state.packed_weight(i_weight, l_gemm.bm, kVnniPanels, i_cache_weight, [&] {
+  const at::Tensor l_panels = io_state.packed_weight(i_weight, l_gemm.bm, kVnniPanels, i_cache_weight, [&](bool) {
     return vnni_panels(i_w.const_data_ptr<bf16>(), l_out, l_in, /*s_i=*/l_in, /*s_k=*/1, l_gemm.bm);
   });
   l_gemm.run(l_panels.const_data_ptr<bf16>(), l_xp.const_data_ptr<bf16>(), l_y.mutable_data_ptr<bf16>(),

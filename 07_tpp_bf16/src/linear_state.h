@@ -10,7 +10,6 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
-#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -29,7 +28,7 @@ namespace tpp {
 // The blocking of the three products (bm, bn, bk) and their tile order, per instruction set:
 // AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
 // so the best tile differs. Chosen by timing candidate blockings with `benchmark.py --blockings`
-// (README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 128-deep k steps, the best sum
+// (06's README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 128-deep k steps, the best sum
 // over the three products and four large shapes; on AVX-512 (Zen 5) 128 x 64 tiles in 256-deep
 // k steps, 4-8 points of the probe per product above the 64 x 64 x 128 blocking it replaced.
 struct Config {
@@ -68,16 +67,17 @@ inline const char* const kBf16PathNames[] = {"vnni", "reference", "fp32"};
 // What the cached pack holds: fp32/fp64 panels (stage 06's layout) or VNNI-2 bf16 panels.
 enum PackKind : int { kPanels = 0, kVnniPanels = 1 };
 
-// Scratch memory for the packs that serve one call alone in the float32/float64 path: W^T in
-// grad_input, x^T in grad_weight (the forward's W stays a tensor of its own here, for the cache
-// that holds either layout). Each is several MB on large layers. Made with at::empty on every
-// call, each would be fresh memory whenever glibc has handed the last one back to the system (it
-// does, for big blocks freed at the top of the heap), and the first write to each 4 KB page of
-// fresh memory is a page fault: 3-9 points of the probe in the training step (06's README: the
-// training step). So each calling thread keeps one buffer per product, grown to the largest pack
-// it has made, and packs into it again on the next call. No other call can be reading it: a call
-// runs to its end on the thread that made it (parallel_for's workers only help it). The buffers
-// live as long as the thread, as oneDNN's per-thread scratchpad and MKL's buffers do.
+// Scratch memory for the packs that serve one call alone in the float32/float64 path: W in a
+// training forward, W^T in grad_input and x^T in grad_weight (the VNNI path's packs stay tensors).
+// Each is several MB on large layers. Made with at::empty on every call, each would be fresh
+// memory whenever glibc has handed the last one back to the system (it does, for big blocks freed
+// at the top of the heap), and the first write to each 4 KB page of fresh memory is a page fault,
+// paid again on every call (06's README: the training step, step 6). So each calling thread keeps
+// one buffer per product, grown to the largest pack it has made, and packs into it again on the
+// next call. No other call can be reading it: a call runs to its end on the thread that made it
+// (parallel_for's workers only help it). The buffers live as long as the thread, as oneDNN's
+// per-thread scratchpad and MKL's buffers do: a thread that once packed a large layer keeps that
+// much memory.
 inline void* pack_scratch(int i_product, size_t i_bytes) {
   struct Buffer {
     void* data = nullptr;
@@ -101,11 +101,10 @@ inline void* pack_scratch(int i_product, size_t i_bytes) {
 // [i_c0, i_c1), into a column-major panel (ld i_ld_panel). It packs the forward's W into panels
 // and, in products.h, grad_weight's blocks of gy into B slabs. In 8 x 8 blocks: the block's 8
 // source rows and 8 destination columns stay in L1 while they are read and written, and a full
-// block's fixed trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans
-// did this job before; with it the forward that packs W took 2-15 % longer than one with a
-// cached pack, now 3-8 % (06's README: the training step). target_clones compiles it for
-// AVX-512, AVX2 and the baseline and picks one when the module loads (as column_sums in
-// products.h); internal linkage, because GCC exports the resolver.
+// block's fixed trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans did
+// this job before (06's README: the training step, step 7). target_clones compiles it for AVX-512,
+// AVX2 and the baseline and picks one when the module loads (as column_sums in products.h);
+// internal linkage, because GCC exports the resolver.
 namespace {
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -132,37 +131,35 @@ void transpose_to_panel(const T* __restrict i_src, T* __restrict o_panel, idx i_
 }
 }  // namespace
 
-// W (out, in) contiguous, transposed into panels of bm rows, column-major, ld bm (the forward's
-// A operand, stage 06's layout). Any element type: transpose_to_panel moves 2, 4 or 8 bytes.
+// W (out, in) contiguous, float or double, transposed into panels of bm rows, column-major, ld
+// bm (the forward's A operand, stage 06's layout). Into the thread's scratch buffer when the pack
+// serves this call alone (i_for_this_call), else into a tensor of its own, which the cache keeps.
 // Parallel over (panel, 256 columns) pieces, so that a layer with few panels still keeps every
 // thread busy. The rows of a tail panel past `out` stay unwritten: the tail kernel reads only
 // the panel's first rows.
-template <typename Bits>
-void pack_panels_as(const Bits* i_w, Bits* o_p, idx i_out, idx i_in, idx i_bm) {
-  constexpr idx kColumns = 256;
-  const idx l_panels = (i_out + i_bm - 1) / i_bm, l_pieces = (i_in + kColumns - 1) / kColumns;
-  at::parallel_for(/*begin=*/0, /*end=*/l_panels * l_pieces, /*grain_size=*/1, [&](idx i_first, idx i_last) {
-    for (idx l_task = i_first; l_task < i_last; l_task++) {
-      const idx l_mb = l_task / l_pieces, l_c0 = (l_task % l_pieces) * kColumns;
-      const idx l_rows = std::min(i_bm, i_out - l_mb * i_bm), l_c1 = std::min(i_in, l_c0 + kColumns);
-      // Rows mb*bm.. of W, transposed: panel mb, (rows x in) column-major, ld = bm.
-      transpose_to_panel<Bits>(i_w + l_mb * i_bm * i_in, o_p + l_mb * i_bm * i_in, /*ld_src=*/i_in, /*ld_panel=*/i_bm,
-                               l_rows, l_c0, l_c1);
-    }
-  });
-}
-
-inline at::Tensor pack_panels(const at::Tensor& i_weight_contiguous, idx i_bm) {
+inline at::Tensor pack_panels(const at::Tensor& i_weight_contiguous, idx i_bm, bool i_for_this_call) {
   const idx l_out = i_weight_contiguous.size(0), l_in = i_weight_contiguous.size(1);
   const idx l_panels = (l_out + i_bm - 1) / i_bm;
-  at::Tensor l_packed = at::empty({l_panels * i_bm * l_in}, i_weight_contiguous.options());
-  const void* l_w = i_weight_contiguous.const_data_ptr();
-  void* l_p = l_packed.mutable_data_ptr();
-  switch (i_weight_contiguous.element_size()) {
-    case 2: pack_panels_as(static_cast<const uint16_t*>(l_w), static_cast<uint16_t*>(l_p), l_out, l_in, i_bm); break;
-    case 4: pack_panels_as(static_cast<const uint32_t*>(l_w), static_cast<uint32_t*>(l_p), l_out, l_in, i_bm); break;
-    default: pack_panels_as(static_cast<const uint64_t*>(l_w), static_cast<uint64_t*>(l_p), l_out, l_in, i_bm); break;
-  }
+  const int64_t l_numel = l_panels * i_bm * l_in;
+  at::Tensor l_packed =
+      i_for_this_call ? at::from_blob(pack_scratch(kForward, l_numel * i_weight_contiguous.element_size()), {l_numel},
+                                      i_weight_contiguous.options())
+                      : at::empty({l_numel}, i_weight_contiguous.options());
+  constexpr idx kColumns = 256;
+  const idx l_pieces = (l_in + kColumns - 1) / kColumns;
+  AT_DISPATCH_FLOATING_TYPES(i_weight_contiguous.scalar_type(), "tpp::pack_panels", [&] {
+    const scalar_t* l_w = i_weight_contiguous.const_data_ptr<scalar_t>();
+    scalar_t* l_p = l_packed.mutable_data_ptr<scalar_t>();
+    at::parallel_for(/*begin=*/0, /*end=*/l_panels * l_pieces, /*grain_size=*/1, [&](idx i_first, idx i_last) {
+      for (idx l_task = i_first; l_task < i_last; l_task++) {
+        const idx l_mb = l_task / l_pieces, l_c0 = (l_task % l_pieces) * kColumns;
+        const idx l_rows = std::min(i_bm, l_out - l_mb * i_bm), l_c1 = std::min(l_in, l_c0 + kColumns);
+        // Rows mb*bm.. of W, transposed: panel mb, (rows x in) column-major, ld = bm.
+        transpose_to_panel<scalar_t>(l_w + l_mb * i_bm * l_in, l_p + l_mb * i_bm * l_in, /*ld_src=*/l_in,
+                                     /*ld_panel=*/i_bm, l_rows, l_c0, l_c1);
+      }
+    });
+  });
   return l_packed;
 }
 
@@ -343,8 +340,9 @@ class LinearState {
   // Without i_cache (training: W changes every step anyway; gradcheck writes W through .data),
   // W is packed for this call alone and any cached pack is dropped.
   // New in stage 07: i_kind says which layout is cached (kPanels or kVnniPanels, part of the
-  // key), and i_make() makes the panels on a miss (the caller passes the packing: products.h
-  // the fp32 panels, FunctionCpp.cpp's section 5b the VNNI-2 ones).
+  // key), and i_make(for_this_call) makes the panels on a miss (the caller passes the packing:
+  // products.h the fp32 panels, into the thread's scratch buffer when for_this_call;
+  // FunctionCpp.cpp's section 5b the VNNI-2 ones, always a tensor).
   template <typename Make>
   at::Tensor packed_weight(const at::Tensor& i_weight, idx i_bm, PackKind i_kind, bool i_cache, Make&& i_make) {
     const bool l_cacheable = i_cache && !i_weight.is_inference();  // inference tensors have no version counter
@@ -358,8 +356,9 @@ class LinearState {
       }
       if (!l_cacheable) m_pack = PackedWeight();  // drop the cached copy: it is about to be stale
     }
-    // A fresh tensor each time: a concurrent call still reading the previous pack keeps it alive.
-    at::Tensor l_packed = i_make();
+    // A cached pack is a fresh tensor (a concurrent call still reading the previous one keeps it
+    // alive); a pack for this call alone may go into the thread's scratch buffer.
+    at::Tensor l_packed = i_make(/*i_for_this_call=*/!l_cacheable);
     std::lock_guard<std::mutex> l_lock(m_pack_mutex);
     m_packs++;
     if (l_cacheable) {

@@ -118,7 +118,9 @@ void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, WeightAsT&& 
   const idx bm = l_gemm.bm, bk = l_gemm.bk;
   at::Tensor l_packed;  // no K, nothing to pack: the tiles are the bias, or zeros
   if (i_in > 0) {
-    l_packed = io_state.packed_weight(i_weight, bm, kPanels, i_cache_weight, [&] { return pack_panels(i_weight_as_t(), bm); });
+    l_packed = io_state.packed_weight(i_weight, bm, kPanels, i_cache_weight, [&](bool i_for_this_call) {
+      return pack_panels(i_weight_as_t(), bm, i_for_this_call);
+    });
   }
   const T* l_panels = i_in > 0 ? l_packed.const_data_ptr<T>() : nullptr;
   l_gemm.run(

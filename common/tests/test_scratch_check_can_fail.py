@@ -1,10 +1,11 @@
 """cpp_checks.assert_matches_torch_in_turns_and_on_two_threads is only worth something if it fails
 on the bugs a per-thread scratch buffer invites. Each fake module below is a correct linear
 layer (forward and backward in the shape compiled modules have) but for one such bug: a buffer
-that never grows, or one buffer shared by every thread. The check must catch both, and pass
-the correct one."""
+that never grows, or one buffer shared by the threads. The check must catch both, and pass the
+correct one."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -31,37 +32,35 @@ class CorrectModule:
 
 
 class NeverGrows(CorrectModule):
-    """Keeps the bytes of the first buffer it made and packs every later weight into them, a
-    buffer sized for the first layer in its dtype, whatever the next one needs (a memory overrun
-    in C++; here the pack is cut short, the rest read as zeros)."""
+    """A buffer per thread, as it should be, but one that keeps the bytes of the first pack the
+    thread made and packs every later weight into them, whatever it needs (a memory overrun in
+    C++; here the pack is cut short, the rest read as zeros)."""
 
     def __init__(self):
-        self.bytes = None
+        self.per_thread = threading.local()
 
     def pack(self, weight):
         flat = weight.t().contiguous().flatten()
-        if self.bytes is None:
-            self.bytes = flat.numel() * flat.element_size()
+        if not hasattr(self.per_thread, "bytes"):
+            self.per_thread.bytes = flat.numel() * flat.element_size()
         fitted = torch.zeros_like(flat)
-        count = min(flat.numel(), self.bytes // flat.element_size())
+        count = min(flat.numel(), self.per_thread.bytes // flat.element_size())
         fitted[:count] = flat[:count]
         return fitted.reshape(weight.shape[1], weight.shape[0])
 
 
 class SharedByThreads(CorrectModule):
-    """One buffer for the whole process, as if it were not per thread: a call on another thread
-    packs into it while the first thread still reads it. Forced here by letting the other thread
-    overwrite the buffer between this thread's pack and its use."""
+    """A buffer that grows, but one for the whole process instead of one per thread: a thread
+    packs into it, and while it computes from it (the sleep, which lets the other thread run, as
+    the kernels would) the other thread packs its own weight over it."""
 
     def __init__(self):
-        self.buffer = {}
-        self.first_thread = threading.get_ident()
+        self.buffer = [None]
 
     def pack(self, weight):
-        self.buffer["panels"] = weight.t().contiguous()
-        if threading.get_ident() != self.first_thread:
-            self.buffer["panels"] = torch.zeros_like(self.buffer["panels"])  # another call's pack landed
-        return self.buffer["panels"]
+        self.buffer[0] = weight.t().contiguous()
+        time.sleep(0.001)
+        return self.buffer[0].clone()
 
 
 def test_the_correct_module_passes():

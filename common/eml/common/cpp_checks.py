@@ -98,37 +98,42 @@ def assert_results_close(got, want, case, dtype, what=""):
             torch.testing.assert_close(g, w, rtol=2e-5, atol=atol, msg=lambda m: f"{name} {case} {what}: {m}")
 
 
-def assert_matches_torch_in_turns_and_on_two_threads(module, extra=lambda case: ()):
+def assert_matches_torch_in_turns_and_on_two_threads(module, extra=lambda case: (), rounds=10):
     """Stages 06-08 and 16 pack some operands for one call alone (W^T for grad_input, x^T for
     grad_weight, and W in a forward that does not cache it) into a scratch buffer per calling
-    thread that only grows (06's README: the training step). Layers of different sizes in turn
-    (big, small, big again in float64: twice the bytes) must each get a buffer that fits them,
-    here and on a second thread: every result against torch. ``extra(case)``: the stage's own
-    trailing arguments (06 and 07: a LinearState)."""
+    thread that only grows (06's README: the training step). Two new threads, so two empty sets
+    of buffers, start together behind a barrier and take turns with layers of different sizes:
+    small, big, big in float64 (twice the bytes), small again, one thread in the opposite order of
+    the other, ``rounds`` times each; every result against torch. A buffer that does not grow, or
+    one shared by the threads while both run, gives a wrong result or a crash. (The threads run
+    at once only where the call releases the GIL: the registered operators of 08 and 16; the
+    pybind11 functions of 06 and 07 hold it, and there the check covers the growth only.)
+    ``extra(case)``: the stage's own trailing arguments (06 and 07: a LinearState)."""
     big, small = Case((70,), 300, 200), Case((3,), 9, 5)
-    turns = [(big, torch.float32), (small, torch.float32), (big, torch.float64), (small, torch.float64),
-             (big, torch.float32)]
-
-    def take_turns():
-        for case, dtype in turns:
-            input, weight, bias, grad_output = tensors(case, dtype)
-            want = [torch.nn.functional.linear(input, weight, bias), *expected_grads(input, weight, grad_output)]
-            got = everything(module, input, weight, bias, grad_output, *extra(case))
-            assert_results_close(got, want, case, dtype, "in turns")
-
-    take_turns()
+    turns = [(small, torch.float32), (big, torch.float32), (big, torch.float64), (small, torch.float64)]
+    cases = {(case, dtype): tensors(case, dtype) for case in (big, small) for dtype in (torch.float32, torch.float64)}
+    wants = {key: [torch.nn.functional.linear(x, w, b), *expected_grads(x, w, g)] for key, (x, w, b, g) in cases.items()}
+    start = threading.Barrier(2)
     failures = []
 
-    def on_a_thread():
+    def take_turns(order):
         try:
-            take_turns()
+            start.wait()
+            for _ in range(rounds):
+                for case, dtype in order:
+                    input, weight, bias, grad_output = cases[(case, dtype)]
+                    got = everything(module, input, weight, bias, grad_output, *extra(case))
+                    assert_results_close(got, wants[(case, dtype)], case, dtype, "in turns, on two threads")
         except Exception as error:  # noqa: BLE001 - carried to the assert below
             failures.append(error)
+            start.abort()
 
-    thread = threading.Thread(target=on_a_thread)
-    thread.start()
-    thread.join()
-    assert not failures, f"on a second thread: {failures[0]}"
+    threads = [threading.Thread(target=take_turns, args=(order,)) for order in (turns, turns[::-1])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, f"layers in turn on two threads: {failures[0]}"
 
 
 class CppModuleTests:
