@@ -16,9 +16,10 @@ GFLOP/s and as a share of the peak probe. Medians of interleaved rounds, all thr
 F.linear, gy @ W, gy^T @ x) and in numpy (OpenBLAS): where does a hand-made layer lose?
 
 --parts times the training step's parts in milliseconds: the forward with its packed weight
-cached and packing W afresh (as training does), the backward of all three gradients, the two
-calls in a row from C++ (no autograd), the step through autograd, and torch.nn.Linear's step
-(F.linear, gy @ W, gy^T @ x, the bias sum): does the step cost what its parts add up to?
+cached (a state of its own, so that the other statements do not drop the cache) and packing W
+afresh (as training does), the backward of all three gradients, the two calls in a row from C++
+(no autograd), the step through autograd, and torch.nn.Linear's step (F.linear, gy @ W, gy^T @ x,
+the bias sum): does the step cost what its parts ("fwd packs W" + "backward") add up to?
 
 --blockings times each product under candidate blockings (bm, bn, bk) on one thread, in CPU
 time, interleaved: the measurement behind the default blocking of this CPU's instruction set.
@@ -161,7 +162,7 @@ def parts(shapes, rounds):
     print(f"CPU: {cpu_name()}, {threads} threads, LIBXSMM target {_C.target_arch()}, wall clock; "
           f"peak probe {peak:.1f} GFLOP/s; ms per call")
     statements = {
-        "fwd cached": "_C.forward(x, w, b, state, True)",
+        "fwd cached": "_C.forward(x, w, b, cached, True)",
         "fwd packs W": "_C.forward(x, w, b, state, False)",
         "backward": "_C.backward(gy, x, w, True, True, True, state)",
         "C++ step": "_C.forward(x, w, b, state, False); _C.backward(gy, x, w, True, True, True, state)",
@@ -173,7 +174,8 @@ def parts(shapes, rounds):
         torch.manual_seed(0)
         layer = Layer(i, o)
         xg = torch.randn(n, i, requires_grad=True)
-        env = {"_C": _C, "torch": torch, "F": torch.nn.functional, "layer": layer, "state": layer.state, "xg": xg,
+        env = {"_C": _C, "torch": torch, "F": torch.nn.functional, "layer": layer, "state": layer.state,
+               "cached": _C.LinearState(i, o), "xg": xg,
                "x": xg.detach(), "w": layer.weight.detach(), "b": layer.bias.detach(), "gy": torch.randn(n, o),
                "params": [xg, *layer.parameters()]}
         timers = {k: benchmark.Timer(s, globals=env, num_threads=threads) for k, s in statements.items()}
