@@ -10,7 +10,9 @@ in backward: one more convolution per step, one activation tensor less per layer
 The pieces, each checked against torch with ``gradcheck`` in float64 (tests/test_stage.py):
 
 1. ``Conv2dFunction``: 2-d convolution, stride 1, zero padding, no bias, no groups;
-   grad_input = conv_transpose2d(g, W); grad_weight = conv2d(x^T, g^T)^T (batch <-> channels).
+   grad_input = conv_transpose2d(g, W); grad_weight = torch.nn.grad.conv2d_weight(x, W.shape, g)
+   (the formula conv2d(x^T, g^T)^T, batch <-> channels, is kept as conv2d_weight_grad_by_formula
+   for the memory script: it copies its operands).
 2. ``BatchNormFunction``: batch norm in training mode with a weight and a bias, over the
    batch and both spatial dimensions, updating running statistics like ``nn.BatchNorm2d``.
 3. ``FusedConvBNFunction``: 1 then 2 in one forward; backward recomputes the convolution.
@@ -260,7 +262,8 @@ class FusedConvBN(torch.nn.Module):
     the buffers running_mean, running_var and num_batches_tracked. Training mode (or
     track_running_stats=False) runs the custom Functions; eval mode normalizes with the running
     statistics through torch's own operators. fused=False runs Conv2dFunction then
-    BatchNormFunction instead of the fused Function (same results, more memory saved)."""
+    BatchNormFunction instead of the fused Function (same results; it also keeps the convolution's
+    output for backward, so it holds more memory)."""
 
     function = FusedConvBNFunction  # the fused Function it applies (the memory script swaps in another)
 

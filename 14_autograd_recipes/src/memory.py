@@ -3,7 +3,7 @@
     python -m eml.autograd_recipes.memory            # the figures quoted in the README
     python -m eml.autograd_recipes.memory --quick    # a small net, seconds (a smoke test)
 
-Three versions of one small convolutional net (two conv+BN+ReLU blocks, max pooling, two linear
+Four versions of one small convolutional net (two conv+BN+ReLU blocks, max pooling, two linear
 layers; MNIST-sized 1x28x28 inputs generated at random, nothing downloaded), with the same
 initial weights:
   torch   nn.Conv2d(bias=False) + nn.BatchNorm2d
@@ -44,7 +44,7 @@ from .conv_bn import FusedConvBN, FusedConvBNFunctionByFormula
 KINDS = ("torch", "pieces", "fused", "fused_formula")
 
 
-# ---- 1. The net, in three versions with the same weights ----
+# ---- 1. The net, in four versions with the same weights ----
 def make_net(kind, channels=(32, 64), image=28, classes=10, seed=0):
     """The same net for every kind: each (Conv2d, BatchNorm2d) pair replaced by FusedConvBN unless kind == 'torch'."""
     if kind not in KINDS:
@@ -171,7 +171,7 @@ def cpu_line():
 
 
 def measure(batch=128, steps=3, channels=(32, 64), rss=3):
-    """{kind: {figure: bytes}} for the three versions of the net."""
+    """{kind: {figure: bytes}} for the four versions of the net."""
     input, target = make_data(batch)
     results = {}
     for kind in KINDS:

@@ -6,9 +6,10 @@ hook at the dispatcher's Python key, below autograd: a composite operator whose 
 CompositeImplicitAutograd runs above that key and shows as the operators it calls
 (``aten::linear`` is dispatched, and its kernel calls ``t`` + ``addmm``). Two ways to use it:
 
-  LoggingMode       a TorchDispatchMode: while it is active, EVERY operator call made through
-                    the dispatcher is logged, from Python or from C++ (an extension's own
-                    at::empty), whatever tensors it runs on. A registered operator
+  LoggingMode       a TorchDispatchMode: while it is active, every operator call that reaches
+                    the dispatcher's Python key is logged, from Python or from C++ (an
+                    extension's own at::empty), whatever tensors it runs on (a composite such
+                    as aten::linear shows as the operators its kernel calls). A registered operator
                     (torch.library) shows as one entry: the mode does not see inside it.
   LoggingTensor     a wrapper subclass (no memory of its own, it holds ``elem``): it logs only
                     the operators that touch it (not the ``t`` of a weight), and code that
