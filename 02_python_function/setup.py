@@ -10,5 +10,5 @@ setup(
     package_dir={"eml.ext.linear_python_function": "src"},  # the package's sources are in src/
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["02_python_function = eml.ext.linear_python_function:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

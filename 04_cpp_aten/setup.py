@@ -15,5 +15,5 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["04_cpp_aten = eml.linear_cpp:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

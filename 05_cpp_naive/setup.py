@@ -16,5 +16,5 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["05_cpp_naive = eml.linear_cpp_naive:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

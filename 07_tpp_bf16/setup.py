@@ -48,5 +48,5 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["07_tpp_bf16 = eml.linear_tpp_bf16:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

@@ -1,8 +1,9 @@
 # Stage 08: stage 06's C++ registered as PyTorch operators (torch.ops.eml.*), built on Python's
 # limited API: one abi3 wheel for every CPython >= 3.10 (with this torch).
 # Install:  pip install --no-build-isolation .    A wheel:  pip wheel --no-build-isolation --no-deps .
-# (inside the tutorial's .venv: the build needs the installed torch, so no build isolation: with
-# isolation pip would compile against another torch, and the import fails with undefined symbols)
+# (inside the tutorial's .venv: the build needs the installed torch, so no build isolation: an
+# isolated build has no torch to import; with torch listed as a build requirement it would
+# compile against a downloaded torch, not the installed one)
 # Needs LIBXSMM 1.17 (Debian/Ubuntu: sudo apt-get install -y libxsmm-dev; `make` at the root does it).
 import os
 import sys

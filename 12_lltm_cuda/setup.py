@@ -44,5 +44,5 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     # Joins the tour (python -m eml.common.tour) where it is installed, i.e. on a GPU machine.
     entry_points={"eml.tour": ["12_lltm_cuda = eml.lltm_cuda:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

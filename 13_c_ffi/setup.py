@@ -35,5 +35,5 @@ setup(
     cmdclass={"build_ext": build_c_library},
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["13_c_ffi = eml.c_ffi:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

@@ -10,5 +10,5 @@ setup(
     package_dir={"eml.autograd_recipes": "src"},  # the package's sources are in src/
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["14_autograd_recipes = eml.autograd_recipes:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

@@ -11,5 +11,5 @@ setup(
     package_dir={"eml.tensor_subclasses": "src"},  # the package's sources are in src/
     # Joins the tour (python -m eml.common.tour) without any edit to the tour's code.
     entry_points={"eml.tour": ["15_tensor_subclasses = eml.tensor_subclasses:TOUR"]},
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )

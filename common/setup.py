@@ -11,5 +11,5 @@ setup(
     version="0.1.0",
     description="Shared checks, timing and the tour of the 'From PyTorch to Machine Code' tutorial",
     packages=["eml.common"],
-    python_requires=">=3.9",
+    python_requires=">=3.11",
 )
