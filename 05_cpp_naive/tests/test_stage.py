@@ -12,7 +12,8 @@ import torch
 
 from eml.common.checks import FunctionTests, LayerTests, expect_error
 from eml.common.cpp_checks import (
-    AWKWARD, CppModuleTests, assert_no_matrix_product, assert_results_close, everything, expected_grads, tensors,
+    AWKWARD, CppModuleTests, assert_dispatches_no_matrix_product, assert_no_matrix_product, assert_results_close,
+    everything, expected_grads, tensors,
 )
 from eml.linear_cpp_naive import TOUR, Function, Layer, _C
 
@@ -110,3 +111,12 @@ def test_only_float_and_double_loops_exist():
 # -- no ATen matrix product anywhere in this stage's source ------------------------------
 def test_no_aten_matrix_product_in_the_source():
     assert_no_matrix_product(STAGE)  # common/tests shows this check finds stage 04's calls
+
+
+@pytest.mark.parametrize("loop_order", LOOP_ORDERS)
+def test_no_aten_matrix_product_runs(loop_order):
+    """What the built module dispatches, forward and backward (the source check above sees only
+    calls spelled out; common/tests shows this one sees stage 04's at::addmm through its module)."""
+    layer = Layer(7, 5, loop_order=loop_order)
+    x = torch.randn(2, 3, 7, requires_grad=True)
+    assert_dispatches_no_matrix_product(lambda: layer(x).sum().backward())

@@ -31,7 +31,7 @@ from eml.common.cpp_checks import (
     AWKWARD, CppModuleTests, assert_exports_no_symbol_of, assert_no_matrix_product, assert_results_close, everything,
     expected_grads, tensors,
 )
-from eml.common.cpp_checks import assert_matches_torch_in_turns_and_on_two_threads
+from eml.common.cpp_checks import assert_dispatches_no_matrix_product, assert_matches_torch_in_turns_and_on_two_threads
 from eml.linear_tpp_bf16 import TOUR, Function, Layer, _C, bf16_path, peak_gflops, peak_gflops_bf16
 
 STAGE = pathlib.Path(__file__).resolve().parents[1]  # 07_tpp_bf16/, as shipped in the repository
@@ -657,3 +657,12 @@ def test_exports_no_cpp_symbol_of_its_own():
 # -- no ATen matrix product anywhere in this stage's source: LIBXSMM does every GEMM ------
 def test_no_aten_matrix_product_in_the_source():
     assert_no_matrix_product(STAGE)  # common/tests shows this check finds stage 04's calls
+
+
+def test_no_aten_matrix_product_runs():
+    """What the built module dispatches, forward and backward, in float32 and in bfloat16 on the
+    path this CPU runs (common/tests shows the check sees stage 04's at::addmm)."""
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = Layer(67, 131, dtype=dtype)
+        x = torch.randn(5, 3, 67, dtype=dtype, requires_grad=True)
+        assert_dispatches_no_matrix_product(lambda: layer(x).float().sum().backward())

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from eml.common.cpp_checks import assert_no_matrix_product
+from eml.common.cpp_checks import assert_dispatches_no_matrix_product, assert_no_matrix_product
 from eml.common.lltm_checks import CellTests, Shape, assert_all_close, make_arguments, outputs_and_grads, reference_lltm
 from eml.lltm_xsmm import LLTM, LLTMFunction, _C, jit
 
@@ -168,6 +168,22 @@ def test_the_gemms_read_strided_operands():
 def test_no_aten_matrix_product_in_the_source():
     """common's source check: no addmm, mm, matmul, linear or BLAS call left in lltm.cpp or lltm.py."""
     assert_no_matrix_product(pathlib.Path(__file__).resolve().parents[1])
+
+
+def test_no_aten_matrix_product_runs():
+    """What a module step dispatches, every gradient asked for, single- and multi-threaded sizes
+    (stage 11 runs at::addmm and at::mm here; common/tests shows the check sees such calls)."""
+    for shape in (Shape(3, 5, 7), Shape(16, 32, 128)):
+        cell = LLTM(shape.features, shape.state).double()
+        input, _, _, old_h, old_cell = make_arguments(shape, torch.float64)
+        for tensor in (input, old_h, old_cell):
+            tensor.requires_grad_()
+
+        def step():
+            new_h, new_cell = cell(input, (old_h, old_cell))
+            (new_h.sum() + new_cell.sum()).backward()
+
+        assert_dispatches_no_matrix_product(step)
 
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")

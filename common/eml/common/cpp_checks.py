@@ -285,11 +285,13 @@ class CppModuleTests:
 
 
 # -- "no ATen matrix product here": the source check of stages that write their own GEMMs ---
-# ATen's and BLAS's matrix products as a call, e.g. at::mm(, .matmul(, cblas_sgemm(, and
-# Python's matrix-multiply operator x @ w (a decorator's @ starts its line, so it is not one).
+# ATen's and BLAS's matrix products as a call, e.g. at::mm(, at::mm_out(, .matmul(,
+# cblas_sgemm(, and Python's matrix-multiply operator x @ w (a decorator's @ starts its line, so
+# it is not one). The source check sees only what is spelled out; assert_dispatches_no_matrix_product
+# below judges what a call really runs.
 FORBIDDEN = re.compile(
-    r"\b(mm|matmul|addmm|addmv|mv|bmm|baddbmm|addbmm|linear|einsum|dot|vdot|inner|outer|tensordot|"
-    r"chain_matmul|\w*gemm\w*)\s*\(|[\w)\]][ \t]*@(?!=)"
+    r"\b(mm|matmul|addmm|_addmm_activation|addmv|mv|bmm|baddbmm|addbmm|linear|einsum|dot|vdot|inner|outer|"
+    r"tensordot|chain_matmul|\w*gemm\w*)(_out)?\s*\(|[\w)\]][ \t]*@(?!=)"
 )
 
 
@@ -318,6 +320,43 @@ def assert_no_matrix_product(stage_dir):
     for path in sources:
         calls = matrix_product_calls(path)
         assert not calls, f"{path.relative_to(source_dir)} calls a matrix product: {calls}"
+
+
+# -- "no ATen matrix product here", judged on what runs -------------------------------------
+# Every ATen operator a call dispatches, from Python or from an extension's C++ (at::mm in a
+# pybind11 module goes through the dispatcher too), seen at the dispatcher's Python key. A
+# composite such as aten::linear shows as the products its kernel calls; a registered operator
+# (torch.library) shows as one entry, its inside unseen: use it on pybind11 stages.
+MATRIX_PRODUCT_OPS = {
+    "mm", "addmm", "_addmm_activation", "bmm", "baddbmm", "addbmm", "matmul", "mv", "addmv", "dot", "vdot",
+    "linear", "einsum", "tensordot", "inner", "outer", "chain_matmul", "_mkldnn_matmul",
+}
+
+
+def dispatched_ops(run):
+    """The names (aten::mm -> "mm") of the ATen operators run() dispatches, in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode  # private: torch 2.x's hook for this
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func._schema.name.split("::")[-1])
+            return func(*args, **(kwargs or {}))
+
+    with Recorder() as recorder:
+        run()
+    return recorder.names
+
+
+def assert_dispatches_no_matrix_product(run):
+    """run() (a forward and a backward, say) dispatches no ATen matrix product."""
+    names = dispatched_ops(run)
+    assert names, "run() dispatched no operator at all: nothing was checked"
+    products = sorted({name for name in names if name in MATRIX_PRODUCT_OPS})
+    assert not products, f"an ATen matrix product ran: {products} (all operators: {names})"
 
 
 # -- what a compiled module exports ------------------------------------------------------------
