@@ -35,7 +35,7 @@ $(STAMPS)/venv: requirements.txt
 	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	@touch $@
 
-# 2. LIBXSMM for stage 06: Debian's libxsmm-dev (headers and static libraries).
+# 2. LIBXSMM for the stages on its kernels (06, 07, 08, 16, 17): Debian's libxsmm-dev (headers and static libraries).
 $(STAMPS)/libxsmm:
 	@mkdir -p $(STAMPS)
 	@if [ -f /usr/include/libxsmm.h ]; then \

@@ -94,14 +94,17 @@ def test_the_check_fails_on_a_renamed_file(monkeypatch):
         test_diff_with_the_previous_stage_is_the_lesson("05_cpp_naive")
 
 
-# ---- No line of C++ that only renames the stage ------------------------------------------
+# ---- No line of C++ or of src/*.py that only renames the stage -----------------------------
 #
 # Each compiled stage names itself once (kStage, the first word of its messages) and keeps one
 # C++ namespace across the stages that share code (tpp in 06, 07 and 08), so a line that differs
 # from the previous stage's only by the package's name is noise in the diff a student reads.
 
 CPP_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
-NAMES_THE_STAGE = re.compile(r"\bkStage\s*=")  # the one line allowed to differ by the name alone
+PY_SUFFIXES = (".py",)  # the Python of src/ only: setup.py and the tests must name the package
+# The lines allowed to differ by the name alone: the one that names the stage (kStage in C++,
+# STAGE in Python), and the imports of the stage's own package (eml.<package>).
+NAMES_THE_STAGE = re.compile(r"\bkStage\s*=|^\s*STAGE\s*=|^\s*(from|import)\s+eml\.|^\s*from\s+\.\s+import")
 
 
 def package_name(stage):
@@ -128,7 +131,7 @@ def cpp_rename_lines(stage, previous):
     old_name, new_name = package_name(previous), package_name(stage)
     found = []
     for path in sorted(tracked_files(stage) & tracked_files(previous)):
-        if path.endswith(CPP_SUFFIXES):
+        if path.endswith(CPP_SUFFIXES) or (path.startswith("src/") and path.endswith(PY_SUFFIXES)):
             old_lines = (ROOT / previous / path).read_text().splitlines()
             new_lines = (ROOT / stage / path).read_text().splitlines()
             found += [f"{stage}/{path}:{n}: {line.strip()}" for n, line in
@@ -155,3 +158,8 @@ def test_the_rename_check_fails_on_a_renamed_message():
     old = ['const char* const kStage = "linear_tpp";', "int a;"]
     new = ['const char* const kStage = "linear_op";', "int a;"]
     assert renamed_only_lines(old, new, "linear_tpp", "linear_op") == []  # the one line that names the stage
+    # Python (src/*.py): a message prefix spelled out is caught; STAGE and the package's imports are not
+    old = ['STAGE = "linear_python"', 'raise ValueError("linear_python: expected x")', 'from eml.ext.linear_python import Layer']
+    new = ['STAGE = "linear_python_function"', 'raise ValueError("linear_python_function: expected x")',
+           'from eml.ext.linear_python_function import Layer']
+    assert [n for n, _ in renamed_only_lines(old, new, "linear_python", "linear_python_function")] == [2]

@@ -13,20 +13,23 @@ import math
 
 import torch
 
+# The stage's name, the first word of every error message: the one line that names the stage.
+STAGE = "linear_python"
+
 
 def check_input(input: torch.Tensor, weight: torch.Tensor) -> None:
     """The stage's one place for input validation: say what is wrong, and with which value."""
     if input.dim() == 0:
-        raise ValueError("linear_python: expected an input with at least 1 dimension (*, in_features), got a 0-d tensor")
+        raise ValueError(f"{STAGE}: expected an input with at least 1 dimension (*, in_features), got a 0-d tensor")
     if input.device != weight.device:
-        raise ValueError(f"linear_python: expected the input on the layer's device {weight.device}, got device {input.device}")
+        raise ValueError(f"{STAGE}: expected the input on the layer's device {weight.device}, got device {input.device}")
     if not input.is_floating_point():
-        raise TypeError(f"linear_python: expected a floating-point input dtype, got {input.dtype}")
+        raise TypeError(f"{STAGE}: expected a floating-point input dtype, got {input.dtype}")
     if input.dtype != weight.dtype:
-        raise TypeError(f"linear_python: expected input dtype {weight.dtype} (the layer's dtype), got {input.dtype}")
+        raise TypeError(f"{STAGE}: expected input dtype {weight.dtype} (the layer's dtype), got {input.dtype}")
     if input.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"linear_python: expected {weight.shape[1]} input features in the last dimension, "
+            f"{STAGE}: expected {weight.shape[1]} input features in the last dimension, "
             f"got {input.shape[-1]} (input shape {list(input.shape)})"
         )
 

@@ -19,27 +19,30 @@ import math
 
 import torch
 
+# The stage's name, the first word of every error message: the one line that names the stage.
+STAGE = "linear_python_function"
+
 
 def check_inputs(input: torch.Tensor, weight: torch.Tensor, bias) -> None:
     """The stage's one place for input validation: say what is wrong, and with which value."""
     if input.dim() == 0:
-        raise ValueError("linear_python_function: expected an input with at least 1 dimension (*, in_features), got a 0-d tensor")
+        raise ValueError(f"{STAGE}: expected an input with at least 1 dimension (*, in_features), got a 0-d tensor")
     if weight.dim() != 2:
-        raise ValueError(f"linear_python_function: expected a 2-d weight (out_features, in_features), got {weight.dim()} dimension(s): {list(weight.shape)}")
+        raise ValueError(f"{STAGE}: expected a 2-d weight (out_features, in_features), got {weight.dim()} dimension(s): {list(weight.shape)}")
     if input.device != weight.device:
-        raise ValueError(f"linear_python_function: expected the input on the weight's device {weight.device}, got device {input.device}")
+        raise ValueError(f"{STAGE}: expected the input on the weight's device {weight.device}, got device {input.device}")
     if not input.is_floating_point():
-        raise TypeError(f"linear_python_function: expected a floating-point input dtype, got {input.dtype}")
+        raise TypeError(f"{STAGE}: expected a floating-point input dtype, got {input.dtype}")
     if input.dtype != weight.dtype:
-        raise TypeError(f"linear_python_function: expected input dtype {weight.dtype} (the weight's dtype), got {input.dtype}")
+        raise TypeError(f"{STAGE}: expected input dtype {weight.dtype} (the weight's dtype), got {input.dtype}")
     if input.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"linear_python_function: expected {weight.shape[1]} input features in the last dimension, "
+            f"{STAGE}: expected {weight.shape[1]} input features in the last dimension, "
             f"got {input.shape[-1]} (input shape {list(input.shape)})"
         )
     if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype or bias.device != weight.device):
         raise ValueError(
-            f"linear_python_function: expected a bias of shape [{weight.shape[0]}] (out_features), {weight.dtype}, "
+            f"{STAGE}: expected a bias of shape [{weight.shape[0]}] (out_features), {weight.dtype}, "
             f"on {weight.device}; got shape {list(bias.shape)}, {bias.dtype}, on {bias.device}"
         )
 

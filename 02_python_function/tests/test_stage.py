@@ -60,3 +60,12 @@ def test_wrong_backward_is_caught_by_gradcheck():
 
     input, weight = torch.randn(3, 4, dtype=torch.float64, requires_grad=True), torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     assert not torch.autograd.gradcheck(Wrong.apply, (input, weight), raise_exception=False)
+
+
+def test_same_initialisation_as_nn_linear_for_the_same_seed():
+    torch.manual_seed(7)
+    reference = torch.nn.Linear(10, 4)
+    torch.manual_seed(7)
+    layer = Layer(10, 4)
+    assert_close(layer.weight, reference.weight, torch.float32, "weight")
+    assert_close(layer.bias, reference.bias, torch.float32, "bias")

@@ -84,16 +84,17 @@ def test_nn_linear_passes_every_check():
 
 
 @pytest.mark.parametrize(
-    "layer_class, check, args",
+    "layer_class, check, args, message",
     [
-        (AccumulatesInBf16, bf16_checks.check_bf16_errors, (Case((65,), 129, 95),)),
-        (GradBiasInBf16, bf16_checks.check_bf16_errors, (Case((131,), 257, 67),)),
-        (IgnoresAutocast, bf16_checks.check_autocast_like_nn_linear, ()),
-        (DetachesMasterWeights, bf16_checks.check_autocast_like_nn_linear, ()),
-        (CastsInputSilently, bf16_checks.check_bf16_input_to_float32_layer_like_nn_linear, ()),
+        (AccumulatesInBf16, bf16_checks.check_bf16_errors, (Case((65,), 129, 95),), r"^output .*bf16 error"),
+        (GradBiasInBf16, bf16_checks.check_bf16_errors, (Case((131,), 257, 67),), r"^grad_bias .*bf16 error"),
+        (IgnoresAutocast, bf16_checks.check_autocast_like_nn_linear, (), r"under autocast: output dtype"),
+        (DetachesMasterWeights, bf16_checks.check_autocast_like_nn_linear, (), r"under autocast: no gradient for the weight"),
+        (CastsInputSilently, bf16_checks.check_bf16_input_to_float32_layer_like_nn_linear, (), r"cast silently"),
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else None,
 )
-def test_broken_layer_is_caught(layer_class, check, args):
-    with pytest.raises((AssertionError, pytest.fail.Exception)):
+def test_broken_layer_is_caught(layer_class, check, args, message):
+    """Caught by the check named beside it, for the reason named beside it."""
+    with pytest.raises((AssertionError, pytest.fail.Exception), match=message):
         check(layer_class, *args)

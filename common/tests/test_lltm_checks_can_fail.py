@@ -102,27 +102,30 @@ def test_correct_cell_passes():
 
 def test_double_backward_claim_is_checked():
     tests = harness(WrongBackward)
-    tests.double_backward = True  # DropsOldCellGradient's backward is recorded, and wrong
+    tests.double_backward = True  # DropsOldCellGradient's backward runs on detached leaves: not recorded, so its second derivatives are wrong
     with pytest.raises((AssertionError, GradcheckError)):
         tests.test_module_double_backward_or_clear_refusal()
 
 
-@pytest.mark.parametrize("cell, function, test, args", [
-    (WrongForward, relu_candidate, "test_module_matches_reference", (Shape(16, 32, 128), torch.float32)),
-    (WrongForward, relu_candidate, "test_function_matches_reference", (Shape(3, 5, 31), torch.float64)),
-    (WrongForward, relu_candidate, "test_unrolled_sequence_follows_the_reference", ()),
-    (WrongBackward, DropsOldCellGradient.apply, "test_module_matches_reference", (Shape(1, 7, 13), torch.float64)),
-    (WrongBackward, DropsOldCellGradient.apply, "test_function_gradcheck", (Shape(3, 4, 5),)),
-    (WrongBackward, DropsOldCellGradient.apply, "test_function_non_contiguous_inputs", ()),
-    (NoChecks, reference_lltm, "test_function_rejects_bad_input", ("batch of old_h",)),
-    (NoChecks, reference_lltm, "test_function_rejects_bad_input", ("bias size",)),
-    (NoChecks, reference_lltm, "test_function_rejects_bad_input", ("integer input",)),
-    (NoChecks, reference_lltm, "test_module_rejects_wrong_feature_count", ()),
-    (NoChecks, reference_lltm, "test_module_rejects_state_of_another_size", ()),
-    (Good, checked, "test_function_second_backward_refused", ()),  # plain autograd: no refusal
+@pytest.mark.parametrize("cell, function, test, args, message", [
+    (WrongForward, relu_candidate, "test_module_matches_reference", (Shape(16, 32, 128), torch.float32), r"^new_h: .*not close"),
+    (WrongForward, relu_candidate, "test_function_matches_reference", (Shape(3, 5, 31), torch.float64), r"^new_h: .*not close"),
+    (WrongForward, relu_candidate, "test_unrolled_sequence_follows_the_reference", (), r"not close"),
+    (WrongBackward, DropsOldCellGradient.apply, "test_module_matches_reference", (Shape(1, 7, 13), torch.float64),
+     r"^grad_old_cell: .*not close"),
+    (WrongBackward, DropsOldCellGradient.apply, "test_function_gradcheck", (Shape(3, 4, 5),),
+     r"Jacobian mismatch for output 0 with respect to input 4"),
+    (WrongBackward, DropsOldCellGradient.apply, "test_function_non_contiguous_inputs", (), r"^grad_old_cell: .*not close"),
+    (NoChecks, reference_lltm, "test_function_rejects_bad_input", ("batch of old_h",), r"does not say 'old_h'"),
+    (NoChecks, reference_lltm, "test_function_rejects_bad_input", ("bias size",), r"does not say 'bias'"),
+    (NoChecks, reference_lltm, "test_function_rejects_bad_input", ("integer input",), r"DID NOT RAISE"),
+    (NoChecks, reference_lltm, "test_module_rejects_wrong_feature_count", (), r"does not say '\(feature\|weights\)'"),
+    (NoChecks, reference_lltm, "test_module_rejects_state_of_another_size", (), r"does not say '\(old_h\|weights\|state\)'"),
+    (Good, checked, "test_function_second_backward_refused", (), r"DID NOT RAISE"),  # plain autograd: no refusal
 ], ids=lambda v: getattr(v, "__name__", None) if isinstance(v, type) or callable(v) else None)
-def test_broken_cell_is_caught(cell, function, test, args):
-    with pytest.raises((AssertionError, GradcheckError, pytest.fail.Exception)):
+def test_broken_cell_is_caught(cell, function, test, args, message):
+    """Caught by the check named beside it, for the reason named beside it."""
+    with pytest.raises((AssertionError, GradcheckError, pytest.fail.Exception), match=message):
         getattr(harness(cell, function), test)(*args)
 
 

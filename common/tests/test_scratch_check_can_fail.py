@@ -69,5 +69,5 @@ def test_the_correct_module_passes():
 
 @pytest.mark.parametrize("broken", [NeverGrows, SharedByThreads], ids=lambda c: c.__name__)
 def test_a_broken_scratch_is_caught(broken):
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match=r"^layers in turn on two threads: "):
         assert_matches_torch_in_turns_and_on_two_threads(broken())

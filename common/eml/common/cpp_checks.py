@@ -40,7 +40,7 @@ ZERO_FEATURES = [Case((4,), 0, 3), Case((4,), 3, 0)]
 
 # Shapes that fit no vector width and no block: every C++ stage's products against torch.
 AWKWARD = [
-    Case((1823,), 31, 7),       # a tall batch, few features (the Triton tutorials' 1823)
+    Case((1823,), 31, 7),       # a tall batch, few features (1823 rows, as in Triton's "Fused Softmax" tutorial)
     Case((3,), 781, 129),       # wide rows: a row of W spans many cache lines; 129 = 2 * 64 + 1
     Case((5, 7, 3), 67, 257),   # three leading dimensions, odd sizes everywhere
     Case((131,), 257, 263),     # primes past any block in every dimension

@@ -6,7 +6,8 @@ Extensions" (the tutorial's text times a similar loop and prints totals).
     python -m eml.common.lltm_bench --threads 1  # torch.set_num_threads(1) first
     python -m eml.common.lltm_bench --quick      # the tutorial's shape, a few runs
 
-Per cell and shape it prints benchmark.py's line, ``Forward: min/avg us | Backward: min/avg us``,
+Per cell and shape it prints benchmark.py's line (``Forward: {min}/{avg} us | Backward {min}/{avg} us``;
+here with a colon after Backward and one decimal),
 then the speed-up of forward + backward over stage 09's nn.Module (the first cell found, plain
 autograd), from the minima and from the averages, and how many KiB the cell keeps alive for its
 backward beyond its inputs, parameters and outputs. Timing: every call timed on its own, as

@@ -16,6 +16,9 @@ naming a dict in the stage's package with any of these keys:
                                  then shows every GFLOP/s figure also as a % of it
     "checks": {label: callable}  callable() -> (ok, line): any other correctness line
 
+The keys the further sections read are listed in their own modules: "cells" (lltm_bench),
+"bf16_layers", "peak_gflops_bf16", "bf16_path" (tour_bf16), "compile_layers" (tour_compile).
+
 Further sections (another example's benchmark, another dtype's table) live in their own
 module of eml.common, named in EXTRA_SECTIONS; each has ``tour_section(stages, quick) -> ok``,
 prints its own lines after the float32 table, and returns False on a correctness failure.
@@ -45,8 +48,8 @@ BASELINE = "torch.nn.Linear"
 # Modules of eml.common with a tour_section(stages, quick) -> bool, run in this order.
 EXTRA_SECTIONS = [
     "eml.common.tour_bf16",
-    "eml.common.lltm_bench",  # the LLTM stages (09-11): correctness, and pytorch/extension-cpp's benchmark
-    "eml.common.tour_compile",  # registered operators (08): dispatch overhead, compiled MLP vs nn.Linear
+    "eml.common.lltm_bench",  # the LLTM stages (09-12, 17): correctness, and pytorch/extension-cpp's benchmark
+    "eml.common.tour_compile",  # registered operators (08, 16): dispatch overhead, compiled MLP vs nn.Linear
 ]
 
 
