@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-# (batch, features, state): the tutorial's size, the project's wide input, and two sizes where
+# (batch, features, state): the tutorial's size, lltm_bench's second shape, and two sizes where
 # the element-wise work is large enough to keep a GPU busy.
 SHAPES = [(16, 32, 128), (64, 1024, 128), (256, 1024, 1024), (1024, 2048, 2048)]
 

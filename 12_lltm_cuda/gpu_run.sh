@@ -7,12 +7,12 @@
 # It installs common/, stages 09, 10 and 12 into that Python (no build isolation: the build
 # must see the installed torch), runs stage 12's tests (both build routes included),
 # compute-sanitizer's memcheck on the kernel tests where compute-sanitizer is installed, and
-# benchmark.py. Every log lands in LOG_DIR (default $OUT, else /tmp/12_lltm_cuda_gpu_run); paste
+# benchmark.py. Every log lands in LOG_DIR (default /tmp/12_lltm_cuda_gpu_run); paste
 # benchmark.txt and the GPU line into the README's "GPU figures" section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
-LOG=${1:-${OUT:-/tmp/12_lltm_cuda_gpu_run}}
+LOG=${1:-/tmp/12_lltm_cuda_gpu_run}
 mkdir -p "$LOG"
 "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else
     f'gpu_run.sh: needs a GPU and a CUDA build of torch; this is torch {torch.__version__}')"

@@ -29,7 +29,7 @@ RUN = {
 }
 MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp": "eml.hello_cpp", "06_tpp": "eml.linear_tpp",
            "08_custom_op": "eml.linear_op", "13_c_ffi": "eml.c_ffi"}
-# Every stage by every route, but stage 08 by setup.py install only (tests/test_stage.py's wheel
+# Each of these stages by every route, but stage 08 by setup.py install only (tests/test_stage.py's wheel
 # test runs pip's --no-build-isolation build of it already: one build fewer, about 2 minutes).
 CASES = [(route, stage) for stage in sorted(RUN) for route in ROUTES
          if not (stage == "08_custom_op" and route != "setup.py install")]

@@ -1,4 +1,4 @@
-"""Stage 09: the LLTM cell in Python, the tutorial's second example (its first lesson: fusion).
+"""Stage 09: the LLTM cell in Python, this tutorial's second running example (its first lesson: fusion).
 
 What this stage teaches: a recurrent cell made of one matrix product and a handful of
 element-wise operations, written twice in Python:

@@ -119,6 +119,13 @@ def test_saves_only_the_gates_for_the_backward():
     assert saved_bytes(LLTMFunction.apply, arguments) == shape.batch * 3 * shape.state * 4
 
 
+def test_the_module_saves_only_the_gates_too():
+    """What the module runs, _C.cell (the C++ autograd node), keeps what LLTMFunction keeps."""
+    from eml.common import lltm_bench
+    shape = Shape(64, 1024, 128)
+    assert lltm_bench.saved_bytes(LLTM, (shape.batch, shape.features, shape.state)) == shape.batch * 3 * shape.state * 4
+
+
 def test_one_openmp_runtime_in_the_process():
     with open("/proc/self/maps") as maps:
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
