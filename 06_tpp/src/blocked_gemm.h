@@ -1,4 +1,4 @@
-// Stage 06: a blocked GEMM, the loop nest around the JIT kernels of kernel.h.
+// Stage 06, and stages 07 and 08 unchanged: a blocked GEMM, the loop nest around the JIT kernels of kernel.h.
 //
 // One product C (M x N) = A (M x K) . B (K x N) is cut into bm x bn tiles of C, each reduced
 // over K in bk-deep steps, one kernel call per step; at::parallel_for spreads the tiles over

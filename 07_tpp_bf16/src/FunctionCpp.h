@@ -24,7 +24,7 @@ std::vector<torch::Tensor> backward(torch::Tensor i_grad_output, std::optional<t
 torch::Tensor forward(torch::Tensor i_input, torch::Tensor i_weight);
 std::vector<torch::Tensor> backward(torch::Tensor i_grad_output, torch::Tensor i_input, torch::Tensor i_weights);
 
-// Tools (tools.cpp): dispatch one kernel through the checked path; the in-cache float32 peak probe.
+// Tools: dispatch one kernel through the checked path; the in-cache float32 peak probe.
 bool dispatch_check(int64_t i_m, int64_t i_n, int64_t i_k, int i_flags, at::ScalarType i_dtype);
 double peak_gflops(int64_t i_m, int64_t i_n, int64_t i_k, double i_seconds);
 // New in stage 07: the bf16 peak probe (only where bf16 kernels exist); the VNNI-2 packing of

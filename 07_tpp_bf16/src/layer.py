@@ -147,8 +147,9 @@ class Layer(torch.nn.Module):
 def peak_gflops(repeats: int = 3, seconds: float = 0.1) -> float:
     """The machine's practical float32 peak in GFLOP/s, on torch.get_num_threads() threads.
 
-    Every thread runs LIBXSMM's 64 x 64 x 64 kernel on buffers that stay in its L1 cache (no
-    memory traffic, no loop nest): the best any GEMM here can reach. Best of ``repeats`` probes
+    Every thread runs LIBXSMM's 64 x 64 x 64 kernel over and over on its own 48 KB of buffers
+    (A in L1, B and C in L1/L2; no loop nest, no traffic beyond the core's caches): a practical
+    peak, which deeper kernels can match or pass slightly. Best of ``repeats`` probes
     of ``seconds`` each, since a probe that overlapped other work reads low, never high.
     """
     _C.peak_gflops(seconds=0.01)  # warm-up: generate the kernel, wake the cores

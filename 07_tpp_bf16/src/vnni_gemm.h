@@ -40,7 +40,7 @@
 //   - the tile is fp32 (zeroed first), and the epilogue adds the bias in fp32 and rounds to bf16
 //     once, writing the output tile.
 // The kernel is either LIBXSMM's JIT code or reference_batch_reduce below, plain C++ loops that read
-// the same packed panels and accumulate in fp32 as VDPBF16PS does: the "reference" path runs the
+// the same packed panels and accumulate in fp32 (not bit for bit in VDPBF16PS's order): the "reference" path runs the
 // whole layout, loop nest and rounding on any CPU (tests), at scalar speed.
 #pragma once
 
@@ -87,7 +87,9 @@ inline idx pack_vnni2(const bf16* i_src, idx M, idx K, idx i_stride_i, idx i_str
 // ---- 2c. The reference micro-kernel: what the JIT kernel computes, in plain C++ --------
 
 // C (m x n, fp32, ldc) += sum_r A_r . B_r, A_r VNNI-2 (lda rows), B_r column-major bf16 (ldb);
-// every product and sum in fp32, pairs first, as VDPBF16PS. k is even.
+// every product and sum in fp32, each pair summed before it is added to C. VDPBF16PS adds the
+// two products to C one after the other and flushes denormals, so the last bits may differ from
+// the JIT kernel's; the tests compare within fp32 rounding. k is even.
 inline void reference_batch_reduce(const Bf16KernelShape& s, const bf16* a, const bf16* b, float* c, idx i_count) {
   for (idx l_r = 0; l_r < i_count; l_r++) {
     const bf16* l_a = a + l_r * s.stride_a;

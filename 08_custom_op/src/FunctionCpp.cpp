@@ -205,7 +205,7 @@ torch::Tensor forward(torch::Tensor i_input, torch::Tensor i_weight, std::option
 
   // scalar_t is float for a Float input, double for a Double one.
   AT_DISPATCH_FLOATING_TYPES(l_input.scalar_type(), "tpp::forward", [&] {
-    // The pack cache keys on the weight as the caller holds it (i_weight), not on a copy.
+    // i_weight is what 06's pack cache keys on; with l_cache_weight false, W is packed for this call.
     forward_tpp<scalar_t>(l_state, i_weight, l_weight, l_input.const_data_ptr<scalar_t>(),
                           l_bias.defined() ? l_bias.const_data_ptr<scalar_t>() : nullptr,
                           l_output.mutable_data_ptr<scalar_t>(), l_n, l_in, l_out, l_cache_weight);

@@ -1,6 +1,6 @@
 // Stage 08: the layer's three products on raw pointers, each a BlockedGemm plan run over packed
 // operands, and the bias gradient. FunctionCpp.cpp calls them once its checks have passed: nothing
-// here checks a size. Read after linear_state.h (the plans and the pack cache these use).
+// here checks a size. Read after linear_state.h (the plans and packs these use; 08 packs W per call, caches none).
 //
 // ---- The views trick: every product computed transposed, so no TRANS_A is ever needed ----
 //
