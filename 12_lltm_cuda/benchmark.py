@@ -1,5 +1,5 @@
 """Stage 12's benchmark: every installed LLTM cell that runs on a GPU, timed on the GPU in the
-format of the tutorial's benchmark.py, with the device synchronised around every timed pass.
+format of pytorch/extension-cpp's benchmark.py, with the device synchronised around every timed pass.
 
     python 12_lltm_cuda/benchmark.py                  # 4 shapes, 3 interleaved rounds x 100 calls
     python 12_lltm_cuda/benchmark.py --quick          # the tutorial's shape, a few calls

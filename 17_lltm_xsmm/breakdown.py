@@ -7,7 +7,7 @@ for the Python LLTMFunction.
     python 17_lltm_xsmm/breakdown.py --threads 1
 
 Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (new in 17:
-single runs of stage 11's version moved by 30 % between runs on a two-core VM), float32, inputs
+single runs of stage 11's version moved by 30 % between runs on a 2-core Zen 5 virtual machine), float32, inputs
 without requires_grad as in the LLTM benchmark. The rows do not add up exactly: each is timed alone.
 """
 

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from . import _C  # the compiled lltm.cpp (fused); import torch first: _C links against libtorch
+from . import _C  # the compiled lltm.cpp; import torch first: _C links against libtorch
 
 
 # ---- 1. The autograd.Function and the module ----
@@ -47,8 +47,9 @@ class LLTMFunction(torch.autograd.Function):
         # whether a second backward could be asked for (grad_h alone is often a constant).
         return LLTMFunction.backward_once(ctx, grad_h, grad_cell, *ctx.saved_tensors)
 
-    # The backward is C++, outside autograd: its result cannot be differentiated again.
-    # The decorator makes a second backward (create_graph=True) raise instead of silently returning wrong second derivatives.
+    # Once differentiable, the contract of every C++ stage (stage 04's README: the ATen calls here
+    # could be recorded, the raw-pointer loops of 05-07 and 11 could not). The decorator makes a
+    # second backward (create_graph=True) raise instead of silently returning wrong second derivatives.
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward_once(ctx, grad_h, grad_cell, *saved):

@@ -109,7 +109,7 @@ class LLTM(torch.nn.Module):
 
     def forward(self, input, state):
         old_h, old_cell = state
-        # LLTMFunction's recipe as one C++ autograd node (lltm_cuda.cpp, section 5): one call per
+        # LLTMFunction's recipe as one C++ autograd node (lltm_cuda.cpp, section 6): one call per
         # step, and a backward that never enters Python.
         new_h, new_cell = _extension().cell(input, self.weights, self.bias, old_h, old_cell)
         return new_h, new_cell

@@ -1,6 +1,6 @@
 """Stage 12's tests, in two halves.
 
-Without a GPU (this tutorial's own machines: torch's CPU build) the stage is not installed, and
+Without a GPU (with torch's CPU build, as `make` installs it) the stage is not installed, and
 the tests that need a GPU skip with the reason. What runs without one: the kernel file itself,
 compiled as C++ for the CPU with the grid emulated thread by thread, judged by what it does
 (results against autograd on sizes that are not multiples of the block, canary bytes around

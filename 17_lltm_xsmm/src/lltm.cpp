@@ -289,7 +289,8 @@ struct Xsmm<double> {
 };
 
 // One kernel, NULL-checked: a NULL kernel would crash when called, so it becomes an error that
-// names the request. The callers never ask for a size of 0 (LIBXSMM has no kernel for it).
+// names the request. The callers never ask for an m or n of 0 (an empty batch is handled before);
+// a state of 0 makes d_X's k 0, a product LIBXSMM 1.17 returns a kernel for (tested).
 template <typename scalar_t>
 static typename Xsmm<scalar_t>::Fn xsmm_kernel(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
                                                bool trans_b) {
@@ -487,9 +488,9 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
 
 // ---- 6. The whole cell as one autograd node, in C++ ----
 //
-// lltm.py's LLTMFunction does the same in Python: at (16, 32, 128) its forward and backward cost
-// more than the C++ they call (README: where the time goes). A torch::autograd::Function is the
-// same recipe in C++: the module makes one call per step (_C.cell), and autograd's engine calls
+// lltm.py's LLTMFunction does the same in Python: at (16, 32, 128) it adds about 10 us per step
+// over this node (README: where the time goes). A torch::autograd::Function is the same recipe in
+// C++: the module makes one call per step (_C.cell), and autograd's engine calls
 // backward() without entering Python at all.
 
 // What a second backward would reach: the gradients of a once-differentiable backward are made

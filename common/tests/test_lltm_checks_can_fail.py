@@ -66,6 +66,23 @@ class DropsOldCellGradient(torch.autograd.Function):
         return (*grads[:4], torch.zeros_like(grads[4]))
 
 
+class UnrecordedBackward(DropsOldCellGradient):
+    """Right first derivatives, but computed on detached leaves without create_graph: autograd
+    records nothing of the backward, so second derivatives come out as zeros, silently."""
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_cell):
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in ctx.saved_tensors]
+            outputs = reference_lltm(*leaves)
+            return torch.autograd.grad(outputs, leaves, (grad_h, grad_cell))
+
+
+class WrongSecondDerivatives(Good):
+    def forward(self, input, state):
+        return UnrecordedBackward.apply(input, self.weights, self.bias, *state)
+
+
 class WrongForward(Good):
     def forward(self, input, state):
         return relu_candidate(input, self.weights, self.bias, *state)
@@ -101,9 +118,12 @@ def test_correct_cell_passes():
 
 
 def test_double_backward_claim_is_checked():
-    tests = harness(WrongBackward)
-    tests.double_backward = True  # DropsOldCellGradient's backward runs on detached leaves: not recorded, so its second derivatives are wrong
-    with pytest.raises((AssertionError, GradcheckError)):
+    """A cell whose first derivatives are right (gradcheck passes) but whose backward autograd
+    does not record: claiming double backward for it fails, on the second derivatives."""
+    tests = harness(WrongSecondDerivatives, UnrecordedBackward.apply)
+    tests.test_function_gradcheck(Shape(3, 4, 5))
+    tests.double_backward = True
+    with pytest.raises(GradcheckError, match=r"Numerical gradient for function expected to be zero"):  # the analytical one is, unrecorded
         tests.test_module_double_backward_or_clear_refusal()
 
 
