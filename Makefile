@@ -27,7 +27,7 @@ all: tour
 setup: $(STAMPS)/libxsmm $(STAMPS)/common $(STAGES:%=$(STAMPS)/%)
 	@echo "==> set-up done: $(words $(STAGES)) stage(s) installed in $(VENV)"
 
-# 1. The virtual environment with the pinned packages (torch 2.13.0, CPU build).
+# 1. The virtual environment with the pinned packages (torch 2.13.0: the CPU build where pip has it; README).
 $(STAMPS)/venv: requirements.txt
 	@mkdir -p $(STAMPS)
 	@echo "==> creating $(VENV) and installing requirements.txt"
@@ -61,7 +61,7 @@ export CUDA_CHECK := import torch, sys; sys.exit(not (torch.version.cuda and tor
 
 # Each stage is installed with tools/run-with-progress.sh, which prints the elapsed time while a
 # C++ build runs. A stage whose setup.py builds a CUDAExtension needs a CUDA build of torch and a GPU: where
-# there is none (the CPU build pinned in requirements.txt), it is skipped with one line.
+# there is none (torch's CPU build, as the README sets it up), it is skipped with one line.
 define stage_rule
 $(STAMPS)/$(1): $(STAMPS)/venv $(STAMPS)/libxsmm $(shell find $(1) -type f -not -path '*/build/*' -not -path '*.egg-info*' -not -path '*/tests/*' -not -name '*.pyc')
 	@if grep -q CUDAExtension $(1)/setup.py && ! $(PY) -c "$$$$CUDA_CHECK"; then \

@@ -15,9 +15,9 @@ dy/dx = 3 x^2, d/dx (g * 3 x^2) = 6 x g:
 - ``CubeWithBackwardFunction``: the backward is a Function of its own (``CubeBackward``) with
   a hand-written backward: the route for a backward that autograd cannot trace (a kernel).
 
-The example, and the names cube_forward, cube_backward, Cube and CubeBackward, are those of
-PyTorch's tutorial "Double Backward with Custom Functions" (section "When Backward is not
-Tracked"); CubeWrong is this stage's counter-example.
+The example, and the names cube_forward, cube_backward and CubeBackward, are those of PyTorch's
+tutorial "Double Backward with Custom Functions" (section "When Backward is not Tracked"); the
+tutorial's Cube is CubeWithBackwardFunction here. CubeWrong is this stage's counter-example.
 
 Run it: ``pip install --no-build-isolation .`` in 14_autograd_recipes, then ``pytest tests``.
 """

@@ -1,5 +1,5 @@
-"""The no-matrix-product checks (stages 05, 06, 07, 17): the source check finds real calls and
-ignores prose; the dispatch check catches a product however it is spelled."""
+"""The no-matrix-product checks: the source check (stages 05-08, 16, 17) finds real calls and
+ignores prose; the dispatch check (stages 05, 06, 07, 17) catches a product however it is spelled."""
 
 import pathlib
 

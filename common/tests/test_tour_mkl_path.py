@@ -6,13 +6,13 @@ import pytest
 
 from eml.common import tour
 
-# The banner on this project's AMD machines (oneMKL 2024.0, MKL_VERBOSE=1, one 64 x 64 torch.mm).
+# The banner on the AMD EPYC machines measured (oneMKL 2024.0, MKL_VERBOSE=1, one 64 x 64 torch.mm).
 AMD = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture "
        "Intel(R) Architecture processors, Lnx 2.45GHz lp64 gnu_thread\n"
        "MKL_VERBOSE SGEMM(N,N,64,64,64,0x7ffd90d56ca0,0x562d33b7ca40,64,0x562d33b76c00,64,0x7ffd90d56cc0,"
        "0x562d33b80ac0,64) 16.36ms CNR:OFF Dyn:1 FastMM:1 TID:0  NThr:2\n")
 # An Intel Xeon's, the AVX-512 path, as MKL names it there up to "Deep Learning Boost"; the rest
-# of the name is made up here to hold commas, as MKL's longer names do: they must not cut it.
+# of the name is made up to hold commas, as MKL's longer names do: they must not cut it.
 XEON = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture "
         "Intel(R) Advanced Vector Extensions 512 (Intel(R) AVX-512) with support of Intel(R) Deep Learning "
         "Boost (Intel(R) DL Boost), EVEX-encoded AES and Carry-Less Multiplication Quadword instructions, "

@@ -1,6 +1,6 @@
 """A second float32 baseline for the tour: the linear layer on numpy's BLAS (OpenBLAS).
 
-torch's float32 GEMM on these AMD CPUs is MKL on its generic code path (``MKL_VERBOSE=1``
+torch's float32 GEMM on the AMD EPYC CPUs measured (Zen 3, 4, 5) is MKL on its generic code path (``MKL_VERBOSE=1``
 prints "Intel(R) Architecture processors": no AVX-512 kernels), so beating ``torch.nn.Linear``
 alone says little about a kernel. numpy's wheels ship OpenBLAS, which picks its kernels for
 the CPU at run time (``numpy.show_config()``): the strongest float32 library a user could

@@ -3,7 +3,8 @@
 Every layer is timed in the same process, on the same input and the same weights, in
 interleaved rounds (round 1: every layer, round 2: every layer, ...) so that a slow drift of
 the machine (another process, the clock) hits all of them alike. Reported: the median over
-all measured blocks and the spread (interquartile range relative to the median).
+all measured blocks and the spread (interquartile range relative to the median; with fewer than
+4 blocks, the range, max - min, relative to the median).
 
 FLOPs: one GEMM of an (N x in) input with an (in x out) weight costs 2*N*in*out.
 The forward pass is one GEMM; forward+backward is three (output, grad_input, grad_weight).
@@ -32,8 +33,8 @@ TOUR_SETTINGS = (dict(rounds=1, min_run_time=0.01) if os.environ.get("EML_QUICK_
 
 def cpu_name():
     """The CPU as /proc/cpuinfo names it, with its family, model and widest vector extension,
-    e.g. "AMD EPYC (family 25, model 1, AVX2)". Machines of one name differ (Zen 3, 4 and 5 are
-    all "AMD EPYC" here, with float32 peaks 2x apart), so every figure is printed beside this."""
+    e.g. "AMD EPYC (family 25, model 1, AVX2)". Machines of one name differ (Zen 3, 4 and 5 all
+    call themselves "AMD EPYC", with float32 peaks up to 3x apart), so every figure is printed beside this."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -59,7 +60,7 @@ class Timing:
     label: str
     shape: tuple
     forward_us: float
-    forward_spread: float   # IQR / median
+    forward_spread: float   # IQR / median (range / median below 4 samples)
     training_us: float      # forward + backward
     training_spread: float
 
@@ -96,7 +97,7 @@ def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_t
     grad_output = torch.randn(n, out_features, dtype=dtype)
 
     # torch.utils.benchmark.Timer runs on ONE thread unless told otherwise: time every layer
-    # with the threads the process has (both cores here), as a training loop would run.
+    # with the threads the process has (all its cores, by torch's default), as a training loop would run.
     threads = torch.get_num_threads()
     timers = {}
     for label, make in makers.items():
@@ -125,8 +126,8 @@ def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_t
 def format_table(timings, baseline_label, peak_gflops=None):
     """A text table: one row per (shape, layer); speed-ups are relative to baseline_label.
 
-    The +-% columns are each timing's spread, its interquartile range over the median: a
-    speed-up smaller than the two rows' spreads is no speed-up."""
+    The +-% columns are each timing's spread, its interquartile range over the median (its range
+    below 4 samples): a speed-up smaller than the two rows' spreads is no speed-up."""
     header = (f"{'stage':<22} {'N x in x out':>16} {'fwd us':>10} {'+-%':>4} {'fwd+bwd us':>11} {'+-%':>4}"
               f" {'fwd GF/s':>9} {'f+b GF/s':>9}")
     if peak_gflops:

@@ -129,7 +129,7 @@ def main(argv=None):
         print("no stage is installed: run `make` (or pip install --no-build-isolation ./NN_stage)")
         return 1
 
-    # Two baselines: torch.nn.Linear (MKL here) and the same layer on numpy's OpenBLAS.
+    # Two baselines: torch.nn.Linear (MKL in torch's x86 wheels) and the same layer on numpy's OpenBLAS.
     makers = {BASELINE: lambda i, o: torch.nn.Linear(i, o), numpy_linear.LABEL: numpy_linear.NumpyLinear}
     failures, peaks = [], []
     for index, (name, stage) in enumerate(stages, 1):
