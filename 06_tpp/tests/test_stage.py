@@ -407,10 +407,11 @@ def test_null_kernel_is_a_clear_error(dtype):
     # LIBXSMM 1.17 generates no kernel for TRANS_A (hence the packed weight).
     message = expect_error(
         lambda: _C.dispatch_check(48, 32, 16, _C.FLAG_TRANS_A, dtype),
-        r"^linear_tpp: ", r"NULL", r"m=48", r"n=32", r"k=16", r"lda=16", r"ldb=16", r"ldc=48", r"flags=1\b", r"TRANS_A",
+        r"^linear_tpp: ", r"NULL", r"m=48", r"n=32", r"k=16", r"lda=16", r"ldb=16", r"ldc=48", r"flags=1 \(TRANS_A\)",
         "float32" if dtype == torch.float32 else "float64",
     )
-    assert "1.17" in message
+    # the version LIBXSMM reports, where the message names it (its fixed tail names 1.17 too)
+    assert re.search(r"LIBXSMM \d+\.\d+\S* returned no kernel \(NULL\)", message)
     assert _C.dispatch_check(48, 32, 16, _C.FLAG_TRANS_B | _C.FLAG_BETA_0, dtype) is True  # and the process lives on
 
 

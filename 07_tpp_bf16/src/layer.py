@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from . import _C  # the compiled FunctionCpp.cpp; import torch first: _C links against libtorch
+from . import _C  # the compiled src/FunctionCpp.cpp and src/bindings.cpp; import torch first: _C links against libtorch
 
 
 class Function(torch.autograd.Function):

@@ -27,7 +27,7 @@ namespace tpp {
 
 // The blocking of the three products (bm, bn, bk) and their tile order, per instruction set:
 // AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
-// so the best tile differs. Chosen by timing candidate blockings with `benchmark.py --blockings`
+// so the best tile differs. Chosen by timing candidate blockings with `06_tpp/benchmark.py --blockings`
 // (06's README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 128-deep k steps, the best sum
 // over the three products and four large shapes; on AVX-512 (Zen 5) 128 x 64 tiles in 256-deep
 // k steps, 4-8 points of the probe per product above the 64 x 64 x 128 blocking it replaced.

@@ -335,10 +335,11 @@ def test_one_state_per_shape_shared_by_every_layer():
 def test_null_kernel_is_a_clear_error(dtype):
     message = expect_error(
         lambda: ops.tpp_dispatch_check(48, 32, 16, FLAG_TRANS_A, dtype),
-        r"^linear_op: ", r"NULL", r"m=48", r"n=32", r"k=16", r"lda=16", r"ldb=16", r"ldc=48", r"flags=1\b", r"TRANS_A",
+        r"^linear_op: ", r"NULL", r"m=48", r"n=32", r"k=16", r"lda=16", r"ldb=16", r"ldc=48", r"flags=1 \(TRANS_A\)",
         "float32" if dtype == torch.float32 else "float64",
     )
-    assert "1.17" in message
+    # the version LIBXSMM reports, where the message names it (its fixed tail names 1.17 too)
+    assert re.search(r"LIBXSMM \d+\.\d+\S* returned no kernel \(NULL\)", message)
     assert ops.tpp_dispatch_check(48, 32, 16, FLAG_TRANS_B | FLAG_BETA_0, dtype) is True
 
 
@@ -436,7 +437,7 @@ def test_06_vs_08_compile(stage06):
     explanation = torch._dynamo.explain(op_checks.mlp(stage06.Layer))(x)
     assert explanation.graph_count != 1 or explanation.graph_break_count != 0, "06 compiled into one whole graph"
     torch._dynamo.reset()
-    with pytest.raises(torch._dynamo.exc.Unsupported):
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"C/C\+\+ Python extension"):  # the pybind11 call
         torch.compile(op_checks.mlp(stage06.Layer), backend="eager", fullgraph=True)(x)
     op_checks.assert_no_graph_break(op_checks.mlp(Layer), x)
 

@@ -1,4 +1,4 @@
-// Stage 16: the tools, bound for the tests, the benchmark and the notebook: a dispatch probe and
+// Stage 16: the tools, registered as ops for the tests, the tour and the notebook: a dispatch probe and
 // the float32 peak probe. They use the layer's kernels and are not part of it.
 #include <torch/csrc/stable/ops.h>  // torch::stable::parallel_for, get_num_threads
 
