@@ -143,7 +143,7 @@ def test_bad_input_is_refused_while_tracing():
 def test_the_fake_kernel_checks_on_its_own():
     """Under FakeTensorMode only the fake kernel runs (the C++ kernel would need real data): it
     alone refuses a feature-count mismatch, a bias of the wrong size and a dtype that differs
-    from the weight's, each with the C++ kernel's message."""
+    from the weight's, each in the C++ kernel's wording (with torch's dtype names)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
@@ -271,9 +271,9 @@ def test_bfloat16_is_float32_rounded_once(case):
     want = [F.linear(*wide[:3]), *expected_grads(wide[0], wide[1], wide[3])]
     for name, g, w in zip(["output", "grad_input", "grad_weight", "grad_bias"], got, want):
         assert g.dtype == torch.bfloat16, name
-        # against torch's float32 result: one bfloat16 ulp (2^-8 relative), since the two float32
-        # sums may differ in their last bits and round to neighbouring bfloat16 values
-        torch.testing.assert_close(g.float(), w.bfloat16().float(), rtol=2 ** -8, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        # against torch's float32 result: within one bfloat16 ulp (2^-8 to 2^-7 relative), since
+        # the two float32 sums may differ in their last bits and round to neighbouring bfloat16 values
+        torch.testing.assert_close(g.float(), w.bfloat16().float(), rtol=2 ** -7, atol=1e-5, msg=lambda m: f"{name}: {m}")
     # Rounded once, exactly: bitwise the stage's own float32 path on the same (widened) values,
     # rounded to bfloat16 at the end; a second rounding on the way (say, the bias added in
     # bfloat16) would differ in the last bit somewhere.

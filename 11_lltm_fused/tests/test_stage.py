@@ -15,7 +15,7 @@ class TestCell(CellTests):
     make_cell = staticmethod(LLTM)
     function = staticmethod(LLTMFunction.apply)
     prefix = "lltm_fused"
-    double_backward = False  # once differentiable, the contract of the C++ stages (stage 04 README: why)
+    double_backward = False  # the backward is C++, outside autograd: once differentiable
 
 
 def test_forward_returns_h_cell_and_the_gates():

@@ -106,6 +106,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
               kStage, ": gates must be the contiguous (B, 3S) tensor forward returned, got ", gates.sizes());
   // New on the GPU: a kernel reads raw device memory, so every tensor must be a CUDA tensor on
   // new_cell's device, in its dtype (on the CPU, stage 11 reads what it is given).
+  TORCH_CHECK(new_cell.is_cuda(), kStage, ": new_cell must be a CUDA tensor, got device ", new_cell.device());
   const std::pair<const char*, const at::Tensor*> tensors[] = {
       {"grad_h", &grad_h}, {"grad_cell", &grad_cell}, {"gates", &gates}, {"input", &input}, {"old_h", &old_h},
       {"weights", &weights}};

@@ -8,8 +8,8 @@ every buffer it allocates, NaN around every buffer it reads, each launch on the 
 and checked), with a kernel broken each such way shown to fail; the host file compiled for the
 CPU the same way, so that the whole stage (lltm.py, lltm_cuda.cpp, the kernels) runs through the
 recurrent-cell contract of common/ and stage 11's interface checks (the gates returned and
-saved alone, the GEMMs skipped that nobody asked for); the host source read for its input
-checks; the Python package imported from its source folder, raising a clear "needs CUDA" error
+saved alone, the GEMMs skipped that nobody asked for) and the host's own duties (device guards,
+GEMMs on ATen, wrong device or dtype refused); the host source read for assert(); the Python package imported from its source folder, raising a clear "needs CUDA" error
 only when the cell runs; and setup.py and benchmark.py stopping with one line.
 
 With a GPU (a CUDA build of torch and this stage installed): the same contract and interface
@@ -65,7 +65,7 @@ def installed_package():
         return None
 
 
-# ---- 1. The host source, read: what only a GPU could show by running it ----
+# ---- 1. The host source, read for what a build flag hides: assert() under -DNDEBUG ----
 
 def test_host_source_uses_torch_check_not_assert():
     """assert() vanishes under the -DNDEBUG of setuptools builds: a compile-time fact, so a read

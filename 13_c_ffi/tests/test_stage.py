@@ -11,6 +11,7 @@ path next to the package, no Python or PyTorch inside it, the ABI version checke
 import ctypes
 import pathlib
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -226,6 +227,7 @@ def test_library_is_found_next_to_the_package():
     assert mapped == {str(clib.LIBRARY_PATH.resolve())}, mapped
 
 
+@pytest.mark.skipif(shutil.which("nm") is None or shutil.which("readelf") is None, reason="needs binutils' nm and readelf")
 def test_library_is_plain_c_without_python_or_torch():
     """Judged on the built library, not its source: no PyInit_ entry point, no shared library
     beyond the C runtime, and no symbol of Python, ATen, c10 or torch left to resolve."""

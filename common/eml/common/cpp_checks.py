@@ -323,8 +323,9 @@ def assert_no_matrix_product(stage_dir):
 
 
 # -- "no ATen matrix product here", judged on what runs -------------------------------------
-# Every ATen operator a call dispatches, from Python or from an extension's C++ (at::mm in a
-# pybind11 module goes through the dispatcher too), seen at the dispatcher's Python key. A
+# Every ATen operator a call dispatches on the calling thread, from Python or from an extension's
+# C++ (at::mm in a pybind11 module goes through the dispatcher too), seen at the dispatcher's
+# Python key (the mode does not follow at::parallel_for onto its worker threads). A
 # composite such as aten::linear shows as the products its kernel calls; a registered operator
 # (torch.library) shows as one entry, its inside unseen: use it on pybind11 stages.
 MATRIX_PRODUCT_OPS = {

@@ -351,7 +351,7 @@ class CellTests:
         self.needs_function()
         if torch.device(self.device).type != "cpu":
             pytest.skip("threads are a CPU matter")
-        # 130 rows: more than two of the fused stages' row chunks (each at least 4096 elements, 63
+        # 130 rows: more than two of the fused stages' row chunks (each about 4096 elements, 63
         # rows at S = 65), so that two threads really split the passes.
         arguments = self.arguments(Shape(130, 13, 65), torch.float32)
         threads = torch.get_num_threads()

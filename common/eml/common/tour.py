@@ -48,7 +48,7 @@ BASELINE = "torch.nn.Linear"
 # Modules of eml.common with a tour_section(stages, quick) -> bool, run in this order.
 EXTRA_SECTIONS = [
     "eml.common.tour_bf16",
-    "eml.common.lltm_bench",  # the LLTM stages (09-12, 17): correctness, and pytorch/extension-cpp's benchmark
+    "eml.common.lltm_bench",  # the LLTM stages (09-11, 17; 12 has its own GPU benchmark): correctness, and pytorch/extension-cpp's benchmark
     "eml.common.tour_compile",  # registered operators (08, 16): dispatch overhead, compiled MLP vs nn.Linear
 ]
 
