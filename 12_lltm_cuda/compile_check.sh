@@ -2,7 +2,7 @@
 # Compile stage 12's two sources WITHOUT a GPU and without a CUDA build of torch: a check that
 # they build, for machines that have nvcc but only torch's CPU wheel (its headers include
 # ATen's and c10's CUDA headers; it lacks the CUDA libraries, so nothing is linked against torch
-# and nothing runs). Takes a minute or two.
+# and nothing runs). Takes under a minute on 2 cores (36 s on a Zen 5).
 #
 #     12_lltm_cuda/compile_check.sh            (PYTHON=..., ARCH=90 by default: H100/H200)
 #

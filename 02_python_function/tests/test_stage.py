@@ -3,7 +3,9 @@ hand-written backward's own promises: only requested gradients, only needed tens
 
 import types
 
+import pytest
 import torch
+from torch.autograd.gradcheck import GradcheckError
 
 from eml.common.checks import FunctionTests, LayerTests, assert_close
 from eml.ext.linear_python_function import Function, Layer
@@ -59,7 +61,8 @@ def test_wrong_backward_is_caught_by_gradcheck():
             return grad_input * 2, grad_weight, grad_bias  # the factor 2 is the bug
 
     input, weight = torch.randn(3, 4, dtype=torch.float64, requires_grad=True), torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
-    assert not torch.autograd.gradcheck(Wrong.apply, (input, weight), raise_exception=False)
+    with pytest.raises(GradcheckError, match=r"Jacobian mismatch for output 0 with respect to input 0"):
+        torch.autograd.gradcheck(Wrong.apply, (input, weight))
 
 
 def test_same_initialisation_as_nn_linear_for_the_same_seed():

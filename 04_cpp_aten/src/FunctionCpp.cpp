@@ -12,7 +12,7 @@
 // N is the product of the leading dimensions: this file flattens (*, in) to (N, in) and
 // restores (*, out) afterwards, so layer.py passes tensors of any shape straight through.
 // What changed since stage 02: the maths and the input checks moved from layer.py to here;
-// the backward is C++ and once differentiable, the contract of every C++ stage (README: why).
+// the backward is C++ and once differentiable, the contract of the pybind11 C++ stages (README: why).
 // Build and test:  pip install --no-build-isolation .   then   pytest tests
 #include <torch/extension.h>
 

@@ -13,7 +13,8 @@ The course's own two declarations, ``forward(input, weight)`` and
 What changed since stage 02: the maths and the input checks moved to C++ (validation lives in
 ``check_inputs`` in FunctionCpp.cpp); C++ also flattens (*, in) to (N, in) and back. The
 backward is marked ``once_differentiable`` (see ``Function.backward_once``): the contract of
-every C++ stage, since the raw-pointer loops of stages 05 and 06 are invisible to autograd.
+the pybind11 C++ linear stages (04-07), since the raw-pointer loops of stages 05 and 06 are
+invisible to autograd (stage 08's registered operators give their backward a backward again).
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``.
 """
 
@@ -40,7 +41,7 @@ class Function(torch.autograd.Function):
         input, weight = ctx.saved_tensors
         return Function.backward_once(ctx, grad_output, input, weight)
 
-    # The C++ stages' contract: their gradients are not differentiated again (stages 05 and 06
+    # The pybind11 C++ stages' contract: their gradients are not differentiated again (stages 05 and 06
     # compute them on raw pointers, which autograd never sees; this stage's at::mm would still
     # be recorded, but shares the contract). The decorator
     # runs the body under no_grad and, under create_graph=True, makes a second backward raise

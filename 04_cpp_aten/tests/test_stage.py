@@ -10,7 +10,7 @@ from eml.linear_cpp import Function, Layer, _C
 
 class TestLayer(LayerTests):
     make_layer = staticmethod(Layer)
-    double_backward = False  # once differentiable, the contract of the C++ stages (README: why)
+    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (README: why)
 
 
 class TestFunction(FunctionTests):

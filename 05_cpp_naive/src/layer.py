@@ -42,7 +42,7 @@ class Function(torch.autograd.Function):
         input, weight = ctx.saved_tensors
         return Function.backward_once(ctx, grad_output, input, weight)
 
-    # C++ runs outside autograd, so its gradients cannot be differentiated again. The decorator
+    # Raw-pointer C++ runs outside autograd, so its gradients cannot be differentiated again. The decorator
     # runs the body under no_grad and, under create_graph=True, makes a second backward raise
     # "trying to differentiate twice" instead of silently treating the gradients as constants.
     # It decides from the arguments of the function it decorates alone: x and W are passed as

@@ -114,7 +114,7 @@ typename Xsmm<T>::Fn dispatch_kernel(const KernelShape& i_shape) {
 // A is packed VNNI-2 (vnni_gemm.h): pairs of consecutive k interleaved, lda counts rows (m).
 // LIBXSMM 1.17 generates such a kernel only with LIBXSMM_GEMM_FLAG_VNNI_A, and only for AVX-512
 // targets: native code where the CPU has AVX512-BF16 (Cooper Lake, Sapphire Rapids, AMD Zen 4 and
-// later: target "cpx" or newer), an emulation on other AVX-512 CPUs (exact, but slower than the
+// later: target "cpx", LIBXSMM 1.17's newest), an emulation on other AVX-512 CPUs (exact, but slower than the
 // float32 kernels), NULL on AVX2 ("hsw"). Where it is NULL or emulated, a new layer takes the
 // float32 path (FunctionCpp.cpp, section 5b; linear_state.h, the bf16 path).
 using Bf16Fn = libxsmm_bsmmfunction_reducebatch_strd;  // void (*)(a, b, c, const unsigned long long* count, ...)
@@ -158,8 +158,8 @@ inline bool bf16_kernels_available() {
   return s_available;
 }
 
-// True where LIBXSMM's target executes bf16 dot products natively (AVX512-BF16: "cpx" and newer
-// targets), so that its bf16 kernels run at twice the float32 rate rather than emulated.
+// True where LIBXSMM's target executes bf16 dot products natively (AVX512-BF16: target "cpx",
+// LIBXSMM 1.17's newest, or a newer one in a later LIBXSMM), so that its bf16 kernels run at twice the float32 rate rather than emulated.
 inline bool bf16_kernels_native() {
   libxsmm_init();
   return bf16_kernels_available() && libxsmm_get_target_archid() >= LIBXSMM_X86_AVX512_CPX;

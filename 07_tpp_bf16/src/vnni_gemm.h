@@ -24,10 +24,10 @@
 // 2p+1 of one column j) to all lanes, and issues VDPBF16PS: 32 multiply-adds per instruction
 // against 16 for an fp32 FMA of the same width, hence twice the peak.
 //
-// Napkin maths for one 64 x 64 tile, K = 1024: 2 x 64 x 64 x 1024 = 8.4 MFLOP; A's panel is
-// 64 x 1024 x 2 B = 128 KB in bf16 (256 KB in fp32), B's block 128 KB: half the bytes of fp32 for
-// the same FLOPs, so the same L2 bandwidth feeds twice the FLOP rate. The accumulator stays fp32
-// (an fp32 tile of 16 KB in L1) and is rounded to bf16 once, at the end.
+// Napkin maths for one 128 x 64 tile (the AVX-512 blocking), K = 1024: 2 x 128 x 64 x 1024 =
+// 16.8 MFLOP; A's panel is 128 x 1024 x 2 B = 256 KB in bf16 (512 KB in fp32), B's block 128 KB:
+// half the bytes of fp32 for the same FLOPs, so the same L2 bandwidth feeds twice the FLOP rate.
+// The accumulator stays fp32 (a 32 KB tile, in L1 on Zen 5) and is rounded to bf16 once, at the end.
 //
 // ---- The loop nest (VnniGemm::run) ------------------------------------------------------
 //

@@ -50,7 +50,7 @@ def tiny_block_layer(*args, **kwargs):
 
 class TestLayer(LayerTests):
     make_layer = staticmethod(Layer)
-    double_backward = False  # the backward is C++, outside autograd: once differentiable
+    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (README: why)
 
 
 class TestLayerTinyBlocks(TestLayer):

@@ -13,7 +13,7 @@ class TestCell(CellTests):
     make_cell = staticmethod(LLTM)
     function = staticmethod(LLTMFunction.apply)
     prefix = "lltm_cpp"
-    double_backward = False  # once differentiable, the contract of the C++ stages (stage 04 README: why)
+    double_backward = False  # the backward uses gates forward saved unrecorded: once differentiable
 
 
 def test_forward_returns_the_seven_tensors():

@@ -4,6 +4,8 @@ results, d_X cut right when F != S, the GEMMs skipped when not asked for), the S
 copies of the fused passes against each other, what the Function saves for the backward, one
 OpenMP runtime in the process, and both build routes."""
 
+import pathlib
+
 import pytest
 import torch
 
@@ -124,6 +126,10 @@ def test_one_openmp_runtime_in_the_process():
     with open("/proc/self/maps") as maps:
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line or "libiomp" in line}
     assert len(runtimes) <= 1, f"more than one OpenMP runtime loaded: {sorted(runtimes)}"
+    # The cause, not only the symptom: torch's wheel ships libgomp.so.1 under its plain soname, so
+    # a module linked with -fopenmp would share it here and pass the check above; it must name no
+    # OpenMP library of its own (-fopenmp on the compile line only).
+    assert b"libgomp" not in pathlib.Path(_C.__file__).read_bytes(), "_C is linked against a libgomp"
 
 
 def test_jit_route_builds_the_same_module(tmp_path, monkeypatch):

@@ -33,7 +33,9 @@ def test_mean_matches_the_dense_matrix(N, value):
     torch.testing.assert_close(result, torch.mean(s.tensor()))
     for kwargs in ({"dim": 0}, {"dim": 1, "keepdim": True}, {"dim": (0, 1)}, {"dim": None, "keepdim": True}):
         torch.testing.assert_close(torch.mean(s, **kwargs), torch.mean(s.tensor(), **kwargs), msg=str(kwargs))
-    assert torch.mean(s, dtype=torch.float64).dtype == torch.float64
+    wide = torch.mean(s, dtype=torch.float64)
+    assert wide.dtype == torch.float64
+    torch.testing.assert_close(wide, torch.mean(s.tensor(), dtype=torch.float64), rtol=1e-15, atol=0)
 
 
 def test_mean_of_an_empty_matrix_is_nan_as_torch():

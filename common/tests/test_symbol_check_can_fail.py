@@ -4,9 +4,10 @@ cpp_checks.assert_imports_no_libtorch_cpp_symbol fails on a module built on ATen
 
 import pytest
 
-import eml.linear_cpp_naive._C as default_visibility
-import eml.linear_tpp._C as hidden_visibility
 from eml.common.cpp_checks import assert_exports_no_symbol_of, assert_imports_no_libtorch_cpp_symbol
+
+default_visibility = pytest.importorskip("eml.linear_cpp_naive._C", reason="stage 05 is not installed")
+hidden_visibility = pytest.importorskip("eml.linear_tpp._C", reason="stage 06 is not installed")
 
 
 def test_hidden_module_passes():

@@ -268,12 +268,13 @@ class LayerTests:
         if not requires_grad:
             return
         output.backward(torch.ones_like(output))
+        # Autograd hands a leaf that does not require grad no gradient, whatever the backward
+        # computes: whether the backward skips that work is tested on the backward itself
+        # (CppModuleTests for the C++ stages, each Python stage's own test), not here.
         for name, tensor, ref in zip(["input", "weight", "bias"], [input, layer.weight, layer.bias], ref_grads):
             if name in requires_grad:
                 assert tensor.grad is not None, f"grad_{name} was asked for and not computed"
                 assert_close(tensor.grad, ref, torch.float64, f"grad_{name}")
-            else:
-                assert tensor.grad is None, f"grad_{name} was computed though nobody asked"
 
     def test_non_contiguous_input(self):
         case = Case((7,), 12, 10)
@@ -409,7 +410,7 @@ class FunctionTests:
         expect_error(lambda: self.linear(torch.randn(4, 6), torch.randn(6), None), r"weight", r"(dim|2-d|2d)", r"\b1\b")
 
     def test_rejects_bias_of_wrong_size(self):
-        expect_error(lambda: self.linear(torch.randn(4, 6), torch.randn(3, 6), torch.randn(4)), r"bias", r"\b4\b", r"\b3\b")
+        expect_error(lambda: self.linear(torch.randn(5, 6), torch.randn(3, 6), torch.randn(4)), r"bias", r"\b4\b", r"\b3\b")
 
     def test_rejects_weight_dtype_other_than_the_inputs(self):
         weight = torch.randn(3, 6, dtype=torch.float64)

@@ -228,9 +228,11 @@ class CellTests:
     def arguments(self, shape, dtype=torch.float64, **kwargs):
         return make_arguments(shape, dtype, self.device, **kwargs)
 
+    no_function_reason = "this stage has no LLTMFunction"  # what a skip of the Function's checks says
+
     def needs_function(self):
         if self.function is None:
-            pytest.skip("this stage has no LLTMFunction")
+            pytest.skip(self.no_function_reason)
 
     # -- the module ------------------------------------------------------------------------
     def test_parameters_as_the_tutorial(self):

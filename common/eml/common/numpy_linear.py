@@ -3,8 +3,8 @@
 torch's float32 GEMM on the AMD EPYC CPUs measured (Zen 3, 4, 5) is MKL on its generic code path (``MKL_VERBOSE=1``
 prints "Intel(R) Architecture processors": no AVX-512 kernels), so beating ``torch.nn.Linear``
 alone says little about a kernel. numpy's wheels ship OpenBLAS, which picks its kernels for
-the CPU at run time (``numpy.show_config()``): the strongest float32 library a user could
-reach for instead. This layer runs all three products through numpy on the tensors' own
+the CPU at run time (``numpy.show_config()``): a strong float32 BLAS that every numpy user
+already has. This layer runs all three products through numpy on the tensors' own
 memory (``Tensor.numpy()`` is a view, no copy), so the tour can put each stage beside both.
 
 OpenBLAS runs its own thread pool (``OPENBLAS_NUM_THREADS``, default: every core), not
