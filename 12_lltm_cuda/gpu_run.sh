@@ -5,43 +5,58 @@
 #     12_lltm_cuda/gpu_run.sh [LOG_DIR]          (PYTHON=/path/to/python to pick the interpreter)
 #
 # It installs common/, stages 09, 10 and 12 into that Python (no build isolation: the build
-# must see the installed torch), runs stage 12's tests (both build routes included),
-# compute-sanitizer's memcheck on the kernel tests where compute-sanitizer is installed, and
-# benchmark.py. Every log lands in LOG_DIR (default /tmp/12_lltm_cuda_gpu_run); paste
-# benchmark.txt and the GPU line into the README's "GPU figures" section.
+# must see the installed torch; 10 and 12 compile side by side), then runs stage 12's tests
+# (both build routes included) and, beside them, compute-sanitizer's memcheck on the kernel
+# tests where compute-sanitizer is installed, and last, alone on the GPU, benchmark.py. Each
+# step prints a line when it starts and ends; STEP_LIMIT=SECONDS stops any step that runs
+# longer. Every log lands in LOG_DIR (default /tmp/12_lltm_cuda_gpu_run); paste benchmark.txt
+# and gpu.txt into the README's "GPU figures" section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
+PY=${PYTHON:-$(command -v python || command -v python3)}
 LOG=${1:-/tmp/12_lltm_cuda_gpu_run}
+LIMIT=${STEP_LIMIT:-0}  # timeout(1) reads 0 as no limit
 mkdir -p "$LOG"
+START=$SECONDS
+say() { echo "gpu_run.sh [$((SECONDS - START)) s] $*"; }
+
 "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda and torch.cuda.is_available() else
     f'gpu_run.sh: needs a GPU and a CUDA build of torch; this is torch {torch.__version__}')"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
-  command -v nvcc >/dev/null && nvcc --version | tail -2 || echo "nvcc not on PATH"; } 2>&1 | tee "$LOG/gpu.txt"
+  command -v nvcc >/dev/null && nvcc --version | tail -2 || echo "nvcc not on PATH"
+  grep -m1 "model name" /proc/cpuinfo || true; } 2>&1 | tee "$LOG/gpu.txt"
 
-for stage in common 09_lltm_python 10_lltm_cpp 12_lltm_cuda; do
-    if [ -d "$stage" ]; then
-        echo "==> installing $stage" | tee -a "$LOG/install.txt"
-        "$PY" -m pip install --no-build-isolation --no-deps -q "./$stage" >>"$LOG/install.txt" 2>&1 \
-            || { tail -40 "$LOG/install.txt"; exit 1; }
-    fi
-done
+install() {  # install STAGE: one pip call, its output in install_STAGE.txt, its tail on failure
+    "$PY" -m pip install --no-build-isolation --no-deps -q "./$1" >"$LOG/install_$1.txt" 2>&1 \
+        || { tail -40 "$LOG/install_$1.txt"; return 1; }
+}
+say "installing common and 09 (Python), then 10 (C++) and 12 (C++ and CUDA) side by side"
+install common && install 09_lltm_python
+install 10_lltm_cpp & cpp=$!
+install 12_lltm_cuda || { wait $cpp; exit 1; }
+wait $cpp
+say "installed"
 
 # -o addopts="": the repository's pytest.ini adds nbval options this run does not need.
 PYTEST=("$PY" -m pytest -p no:cacheprovider -o addopts="")
 status=0
-"${PYTEST[@]}" 12_lltm_cuda/tests -q -rs 2>&1 | tee "$LOG/tests.txt" || status=1
-
+say "stage 12's tests, and compute-sanitizer beside them"
+timeout "$LIMIT" "${PYTEST[@]}" 12_lltm_cuda/tests -q -rs --durations=5 >"$LOG/tests.txt" 2>&1 & tests=$!
 if command -v compute-sanitizer >/dev/null; then
-    # memcheck: any out-of-bounds or misaligned access in the kernels fails the run.
-    compute-sanitizer --tool memcheck --error-exitcode 99 "${PYTEST[@]}" 12_lltm_cuda/tests -q -x \
-        -k "(reference or rows or contiguous or gradcheck or bias_of) and not OnTheCpu" 2>&1 | tail -25 | tee "$LOG/sanitizer.txt" \
-        || status=1
+    # memcheck: any out-of-bounds or misaligned access in the kernels fails the run. The tests
+    # it runs launch the kernels on awkward shapes; gradcheck and the CPU emulation are left out.
+    timeout "$LIMIT" compute-sanitizer --tool memcheck --error-exitcode 99 "${PYTEST[@]}" 12_lltm_cuda/tests -q -x \
+        -k "(reference or rows or contiguous or bias_of) and not OnTheCpu" >"$LOG/sanitizer.txt" 2>&1 \
+        || { echo "compute-sanitizer: exit status $?" >>"$LOG/sanitizer.txt"; status=1; }
 else
-    echo "compute-sanitizer not installed: memcheck not run" | tee "$LOG/sanitizer.txt"
+    echo "compute-sanitizer not installed: memcheck not run" >"$LOG/sanitizer.txt"
 fi
+wait $tests || status=1
+tail -25 "$LOG/tests.txt"
+tail -8 "$LOG/sanitizer.txt"
+say "tests done"
 
-"$PY" 12_lltm_cuda/benchmark.py 2>&1 | tee "$LOG/benchmark.txt" || status=1
-echo "logs in $LOG (exit status $status)"
+timeout "$LIMIT" "$PY" 12_lltm_cuda/benchmark.py 2>&1 | tee "$LOG/benchmark.txt" || status=1
+say "done; logs in $LOG (exit status $status)"
 exit $status
