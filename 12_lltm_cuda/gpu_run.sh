@@ -9,8 +9,9 @@
 # (both build routes included) and, beside them, compute-sanitizer's memcheck on the kernel
 # tests where compute-sanitizer is installed, and last, alone on the GPU, benchmark.py. Each
 # step prints a line when it starts and ends; STEP_LIMIT=SECONDS stops any step that runs
-# longer. Every log lands in LOG_DIR (default /tmp/12_lltm_cuda_gpu_run); paste benchmark.txt
-# and gpu.txt into the README's "GPU figures" section.
+# longer. The compilers are $CC and $CXX where set (nvcc's host compiler too). Every log lands
+# in LOG_DIR (default /tmp/12_lltm_cuda_gpu_run); paste benchmark.txt and gpu.txt into the
+# README's "GPU figures" section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python || command -v python3)}
@@ -25,6 +26,7 @@ say() { echo "gpu_run.sh [$((SECONDS - START)) s] $*"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
   command -v nvcc >/dev/null && nvcc --version | tail -2 || echo "nvcc not on PATH"
+  echo "host compiler: $("${CXX:-c++}" --version | head -1)" || true
   grep -m1 "model name" /proc/cpuinfo || true; } 2>&1 | tee "$LOG/gpu.txt"
 
 install() {  # install STAGE: one pip call, its output in install_STAGE.txt, its tail on failure
@@ -37,6 +39,20 @@ install 10_lltm_cpp & cpp=$!
 install 12_lltm_cuda || { wait $cpp; exit 1; }
 wait $cpp
 say "installed"
+
+# The first error message formats numbers (shapes, sizes). A module that carries its own static
+# copy of libstdc++ (some compilers named by $CXX link it so) crashes right there, at the first
+# bad input, instead of raising: try one bad call before the tests.
+if ! "$PY" -c "
+import torch, eml.lltm_cuda._C as compiled
+try:
+    compiled.forward(torch.zeros(3, device='cuda'), *[torch.zeros(3, 3, device='cuda')] * 4)
+except RuntimeError:
+    pass" >/dev/null 2>&1; then
+    echo "gpu_run.sh: stage 12's module crashed while raising its error for a 1-D input (CXX=${CXX:-c++});"
+    echo "  a module that links libstdc++ statically does this: rebuild with the system compiler, CC=gcc CXX=g++ $0"
+    exit 1
+fi
 
 # -o addopts="": the repository's pytest.ini adds nbval options this run does not need.
 PYTEST=("$PY" -m pytest -p no:cacheprovider -o addopts="")
