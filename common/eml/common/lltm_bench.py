@@ -58,6 +58,11 @@ def time_cells(makers: dict, shape, *, runs=100, rounds=3, warmup=5, dtype=torch
     """{label: (forward times, backward times)} in seconds, one entry per call.
 
     All cells get the same input, state and weights (copied from the first cell)."""
+    # torch.compile keeps one cache per function, shared by every compiled cell: each new cell,
+    # shape, dtype or requires_grad adds an entry, and past the recompile limit (8) a compiled
+    # cell runs eager without an error, only a logged warning. A reset gives each shape a fresh
+    # cache, as a program that runs one shape has.
+    torch._dynamo.reset()
     batch, features, state = shape
     generator = torch.Generator().manual_seed(seed)
     input, old_h, old_cell = (torch.randn(batch, n, generator=generator, dtype=dtype).to(device)
@@ -141,6 +146,7 @@ def benchmark(makers: dict, shapes=SHAPES, *, runs=100, rounds=3, device="cpu", 
 
 def check_cell(make_cell, shape=lltm_checks.Shape(16, 32, 128), device="cpu"):
     """(ok, line): max errors in float32 against the reference, gradcheck in float64."""
+    torch._dynamo.reset()  # a compiled cell is checked compiled, not past the recompile limit (time_cells)
     torch.manual_seed(0)
     cell = make_cell(shape.features, shape.state).to(device)
     arguments = lltm_checks.make_arguments(shape, torch.float32, device)
