@@ -10,7 +10,7 @@ CPU the same way, so that the whole stage (lltm.py, lltm_cuda.cpp, the kernels) 
 recurrent-cell contract of common/ and stage 11's interface checks (the gates returned and
 saved alone, the GEMMs skipped that nobody asked for) and the host's own duties (device guards,
 GEMMs on ATen, wrong device or dtype refused); the host source read for assert(); the Python package imported from its source folder, raising a clear "needs CUDA" error
-only when the cell runs; and setup.py and benchmark.py stopping with one line.
+only when the cell runs; and setup.py, benchmark.py and gpu_run.sh stopping with one line.
 
 With a GPU (a CUDA build of torch and this stage installed): the same contract and interface
 checks on CUDA tensors, state sizes that are not multiples of the 32-wide block, more rows than
@@ -611,7 +611,7 @@ def test_interface_is_stage_09s():
     assert {n: p.shape for n, p in cell.named_parameters()} == {n: p.shape for n, p in reference.named_parameters()}
 
 
-# ---- 3. setup.py and benchmark.py where there is no CUDA ----
+# ---- 3. setup.py, benchmark.py and gpu_run.sh where there is no CUDA ----
 
 @pytest.mark.skipif(torch.version.cuda is not None, reason="a CUDA build of torch: setup.py would build")
 def test_setup_py_stops_with_one_line_without_cuda():
@@ -630,6 +630,16 @@ def test_benchmark_stops_with_one_line_without_a_gpu():
     assert result.returncode == 1
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("benchmark.py: needs a GPU"), lines
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is here: gpu_run.sh would install and run everything")
+def test_gpu_run_stops_with_one_line_without_a_gpu(tmp_path):
+    result = subprocess.run(["bash", str(STAGE / "gpu_run.sh"), str(tmp_path)], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHON=sys.executable, PYTHONWARNINGS="ignore"))
+    assert result.returncode == 1
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gpu_run.sh: needs a GPU and a CUDA build of torch"), lines
+    assert list(tmp_path.iterdir()) == [], "nothing is installed or logged without a GPU"
 
 
 # ---- 4. On a GPU: the recurrent-cell contract of common/, on CUDA tensors ----
