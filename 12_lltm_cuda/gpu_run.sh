@@ -7,11 +7,12 @@
 # It installs common/, stages 09, 10 and 12 into that Python (no build isolation: the build
 # must see the installed torch; 10 and 12 compile side by side), then runs stage 12's tests
 # (both build routes included) and, beside them, compute-sanitizer's memcheck on the kernel
-# tests where compute-sanitizer is installed, and last, alone on the GPU, benchmark.py. Each
-# step prints a line when it starts and ends; STEP_LIMIT=SECONDS stops any step that runs
-# longer. The compilers are $CC and $CXX where set (nvcc's host compiler too). Every log lands
-# in LOG_DIR (default /tmp/12_lltm_cuda_gpu_run); paste benchmark.txt and gpu.txt into the
-# README's "GPU figures" section.
+# tests where compute-sanitizer is installed, and last, alone on the GPU, benchmark.py. It
+# prints a line, with the seconds since it started, as the installs, the tests and the
+# benchmark start and end; STEP_LIMIT=SECONDS stops the tests, the sanitizer or the benchmark
+# if it runs longer. The compilers are $CC and $CXX where set (nvcc's host compiler too). Every
+# log lands in LOG_DIR (default /tmp/12_lltm_cuda_gpu_run; a relative path is taken from the
+# repository's root); paste benchmark.txt and gpu.txt into the README's "GPU figures" section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$(command -v python || command -v python3)}
@@ -34,24 +35,32 @@ install() {  # install STAGE: one pip call, its output in install_STAGE.txt, its
         || { tail -40 "$LOG/install_$1.txt"; return 1; }
 }
 say "installing common and 09 (Python), then 10 (C++) and 12 (C++ and CUDA) side by side"
-install common && install 09_lltm_python
+install common
+install 09_lltm_python
 install 10_lltm_cpp & cpp=$!
 install 12_lltm_cuda || { wait $cpp; exit 1; }
 wait $cpp
 say "installed"
 
-# The first error message formats numbers (shapes, sizes). A module that carries its own static
-# copy of libstdc++ (some compilers named by $CXX link it so) crashes right there, at the first
-# bad input, instead of raising: try one bad call before the tests.
-if ! "$PY" -c "
+# The first error message formats numbers (shapes, sizes). A module whose compiler put its own
+# copy of libstdc++ into it (ldd shows none) crashed right there, at the first bad input,
+# instead of raising: one bad call before the tests, its output appended to gpu.txt.
+set +e
+"$PY" -c "
 import torch, eml.lltm_cuda._C as compiled
 try:
     compiled.forward(torch.zeros(3, device='cuda'), *[torch.zeros(3, 3, device='cuda')] * 4)
-except RuntimeError:
-    pass" >/dev/null 2>&1; then
-    echo "gpu_run.sh: stage 12's module crashed while raising its error for a 1-D input (CXX=${CXX:-c++});"
-    echo "  a module that links libstdc++ statically does this: rebuild with the system compiler, CC=gcc CXX=g++ $0"
+except RuntimeError as error:
+    print('a bad input raises:', str(error).splitlines()[0])" >>"$LOG/gpu.txt" 2>&1
+preflight=$?
+set -e
+if [ $preflight -ge 128 ]; then
+    echo "gpu_run.sh: stage 12's module died of signal $((preflight - 128)) while raising its error for a 1-D input"
+    echo "  (CXX=${CXX:-c++}). A module with its own copy of libstdc++ does this: rebuild with the system's"
+    echo "  compiler, CC=gcc CXX=g++ $0"
     exit 1
+elif [ $preflight -ne 0 ]; then
+    echo "gpu_run.sh: stage 12's module fails before the tests:"; tail -5 "$LOG/gpu.txt"; exit 1
 fi
 
 # -o addopts="": the repository's pytest.ini adds nbval options this run does not need.
@@ -73,6 +82,7 @@ tail -25 "$LOG/tests.txt"
 tail -8 "$LOG/sanitizer.txt"
 say "tests done"
 
+say "benchmark"
 timeout "$LIMIT" "$PY" 12_lltm_cuda/benchmark.py 2>&1 | tee "$LOG/benchmark.txt" || status=1
 say "done; logs in $LOG (exit status $status)"
 exit $status
