@@ -336,8 +336,8 @@ class FusedConvBN(torch.nn.Module):
 # ---- 5. The tour's correctness line ----
 @contextlib.contextmanager
 def one_thread():
-    """Run tiny checks on one thread: on a loaded 2-core machine, waking a second OpenMP thread for a
-    5x4 convolution was measured at ~47 ms a call against ~8 us on one thread."""
+    """Run tiny checks on one thread: on a 2-core machine whose other core is busy, waking a second
+    OpenMP thread for a 5x4 convolution costs far more than the convolution itself."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -323,7 +323,7 @@ static void split_among_threads(int64_t n, int64_t work, const Body& body) {
   });
 }
 
-// gates (B, 3S) = [old_h, input] W^T + b. All operands contiguous; batch, state >= 1.
+// gates (B, 3S) = [old_h, input] W^T + b. All operands contiguous; batch >= 1; state may be 0 (no columns).
 template <typename scalar_t>
 static void gates_product(const scalar_t* input, const scalar_t* old_h, const scalar_t* weights, const scalar_t* bias,
                        scalar_t* gates, scalar_t* x_columns, scalar_t* gates_columns, int64_t batch, int64_t features,

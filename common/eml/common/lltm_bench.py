@@ -13,9 +13,11 @@ autograd), from the minima and from the averages, and how many KiB the cell keep
 backward beyond its inputs, parameters and outputs. Timing: every call timed on its own, as
 benchmark.py does, but with time.perf_counter (benchmark.py reads time.time), the cells
 interleaved round by round so that a drift of the machine hits all of them alike. Unlike
-benchmark.py, the inputs X, h and C do not require grad: the backward computes the gradients of
-the weights and the bias only, as when the cell is a model's first layer (a stage that skips
-the input gradients when nobody asks for them gains from this). A stage joins by a "cells" key in its TOUR:
+benchmark.py, the backward starts from two fixed random gradients of new_h and new_cell
+(benchmark.py calls (new_h.sum() + new_C.sum()).backward()), and the inputs X, h and C do not
+require grad: the backward computes the gradients of the weights and the bias only, as when
+the cell is a model's first layer (a stage that skips the input gradients when nobody asks for
+them gains from this). A stage joins by a "cells" key in its TOUR:
 {label: factory(input_features, state_size) -> module}.
 """
 
