@@ -23,7 +23,7 @@ LOOP_ORDERS = ["cache_aware", "textbook"]
 
 class TestLayer(LayerTests):
     make_layer = staticmethod(Layer)  # loop_order="cache_aware", the default
-    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (README: why)
+    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (04's README: why)
 
 
 class TestLayerTextbook(TestLayer):

@@ -47,7 +47,7 @@ def tiny_block_layer(*args, **kwargs):
 
 class TestLayer(LayerTests):
     make_layer = staticmethod(Layer)
-    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (README: why)
+    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (04's README: why)
 
 
 class TestLayerTinyBlocks(TestLayer):

@@ -28,7 +28,7 @@
 //   vnni_gemm.h      2b-2d. VNNI-2 packing, the reference micro-kernel, the bf16 loop nest (new)
 //   linear_state.h   3. the layer's state: kernels, plans, packed weight, and its bf16 path
 //   FunctionCpp.cpp  4. input checks, 5b. bfloat16 (new), 6. forward and backward (this file)
-//   products.h       5. the fp32/fp64 products on raw pointers (as stage 06)
+//   products.h       5. the fp32/fp64 products on raw pointers (06's; forward_tpp takes W as a callable)
 //   tools.cpp        7. tools: dispatch probe, peak probes, VNNI-2 packing (new: the bf16 ones)
 //   FunctionCpp.h    the functions Python calls (declarations)
 //   bindings.cpp     the pybind11 module: the only file that sees Python

@@ -5,7 +5,7 @@ layout the bf16 kernels read (README, vnni_gemm.h), the float32 path chosen at r
 the CPU's bf16 kernels are not native (emulated or missing), and ``torch.autocast`` the way ``torch.nn.Linear`` meets it. The C++
 interface is stage 06's, and it now takes bfloat16 tensors too:
 
-    _C.LinearState(in_features, out_features)        kernels dispatched up front (README)
+    _C.LinearState(in_features, out_features)        kernels dispatched up front (06's README)
     state.bf16_path                                   "vnni" (LIBXSMM bf16 kernels), "reference"
                                                         (same packing, plain C++ kernel), "fp32"
                                                         (fallback: fp32 kernels, one rounding)
@@ -35,7 +35,7 @@ class Function(torch.autograd.Function):
 
     ``state``: a ``_C.LinearState(in_features, out_features)``, or None for a temporary one.
     ``cache_weight``: True when no gradient is recorded for the weight in this call; then the
-    weight packed by an earlier call is reused while the weight is unchanged (README: the pack cache).
+    weight packed by an earlier call is reused while the weight is unchanged (06's README: the pack cache).
     """
 
     @staticmethod

@@ -1,5 +1,5 @@
-// Stage 07 (as in stage 06): the layer's three products on raw pointers, each a BlockedGemm plan run over packed
-// operands, and the bias gradient. FunctionCpp.cpp calls them once its checks have passed: nothing
+// Stage 07: the layer's three products on raw pointers, each a BlockedGemm plan run over packed
+// operands, and the bias gradient, as in stage 06 except that forward_tpp takes W as a callable. FunctionCpp.cpp calls them once its checks have passed: nothing
 // here checks a size. Read after linear_state.h (the plans and the pack cache these use).
 //
 // ---- The views trick: every product computed transposed, so no TRANS_A is ever needed ----
@@ -20,7 +20,7 @@
 // `in` floats apart, a multiple of 4 KB: each k step's columns would fight over a few L1 sets.
 // So they are copied into contiguous panels too (pack_column_panels, one memcpy per row). The B
 // operands and the C tiles have the same problem, so each thread packs its B blocks and
-// accumulates its C tile in buffers of its own (blocked_gemm.h; README: the training step);
+// accumulates its C tile in buffers of its own (blocked_gemm.h; 06's README: the training step);
 // grad_weight's gy is transposed block by block on the way, and grad_bias summed in that pass.
 // grad_weight's reduction runs over the batch N (the kernel's k), so no two threads ever add
 // into the same tile.
@@ -132,8 +132,8 @@ void forward_tpp(LinearState& io_state, const at::Tensor& i_weight, WeightAsT&& 
       [&](idx mb, idx nb, const T* tile, bool add) { store_tile(l_gemm, mb, nb, tile, add, o_y, /*ldc=*/i_out, i_b); });
 }
 
-// The backward's A operands, packed like the forward's W (see "The training step" in the
-// README): column block mb (columns mb*bm ..) of a row-major (rows x cols) matrix, copied into
+// The backward's A operands, packed like the forward's W (06's README, "The training step"):
+// column block mb (columns mb*bm ..) of a row-major (rows x cols) matrix, copied into
 // panel mb, (rows x bm) contiguous: the column-major (bm x rows) A operand with lda = bm. Read
 // in place instead, A's columns lie `cols` elements apart, a multiple of 4 KB for the usual
 // sizes: every column of a k step falls into the same few L1 sets, and they evict each other.

@@ -50,7 +50,7 @@ def tiny_block_layer(*args, **kwargs):
 
 class TestLayer(LayerTests):
     make_layer = staticmethod(Layer)
-    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (README: why)
+    double_backward = False  # once differentiable, the contract of the pybind11 C++ stages (04's README: why)
 
 
 class TestLayerTinyBlocks(TestLayer):
@@ -118,6 +118,20 @@ class TestBf16(Bf16LayerTests):
 
 class TestBf16ReferencePath(Bf16LayerTests):
     make_layer = staticmethod(reference_path_layer)
+
+
+def fp32_path_layer(*args, **kwargs):
+    """A Layer whose bf16 products widen to float32 and run the float32 loop nest."""
+    layer = Layer(*args, **kwargs)
+    layer.bf16_path = "fp32"
+    return layer
+
+
+class TestBf16Fp32Path(Bf16LayerTests):
+    """The float32 path even where the VNNI kernels are the default (Zen 4/5): every shared bf16
+    and autocast check, not only the default path's."""
+
+    make_layer = staticmethod(fp32_path_layer)
 
 
 def vnni_path_layer(*args, **kwargs):

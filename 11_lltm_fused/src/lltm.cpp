@@ -10,9 +10,11 @@
 //             d_weights = d_gates^T X, d_X = d_gates W, d_bias = sum of rows   (ATen)
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
+//   cell(input, weights, bias, old_h, old_cell) -> [new_h, new_cell]   (one autograd node, section 6)
 //   forward_pass(gates, old_cell) -> [new_h, new_cell]     (the fused pass alone, to time it)
 //   backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, need_d_X, need_d_weights)
 //     -> [d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell]
+//   simd_path() -> str, set_simd_path(str)                (which float32 copy runs, section 3b)
 //
 // What changed since stage 10: the forward returns 3 tensors, not 7. Saved for the backward are
 // only the pre-activation gates (B, 3S) beside tensors that exist anyway (the inputs, new_cell):
@@ -22,7 +24,8 @@
 // -fopenmp); the loop over a row's S elements runs on restrict pointers, without calls and
 // without branches the compiler cannot turn into selects, so that it vectorises (section 2);
 // the float32 loops are compiled twice, for any x86-64 (SSE2) and for AVX2 + FMA, and the CPU
-// picks the copy at run time (section 3b).
+// picks the copy at run time (section 3b). Section 6 is new too: the whole cell as one C++
+// autograd node (cell), which LLTM.forward calls; LLTMFunction keeps the recipe in Python.
 // Build: pip install --no-build-isolation ./11_lltm_fused   (or JIT: eml.lltm_fused.jit.build())
 
 #include <torch/extension.h>

@@ -3,8 +3,10 @@
 What this stage teaches: fusion, and choosing what to keep for the backward. lltm.py keeps
 stage 10's interface (LLTM and LLTMFunction); the compiled module ``_C`` (lltm.cpp, built with
 -fopenmp so that at::parallel_for shares the rows between threads) does one GEMM and one fused
-pass over the rows in the forward, one fused pass and the GEMMs in the backward:
+pass over the rows in the forward, one fused pass and the GEMMs in the backward, and binds the
+whole cell as one C++ autograd node:
 
+    _C.cell(input, weights, bias, old_h, old_cell) -> new_h, new_cell
     _C.forward(input, weights, bias, old_h, old_cell) -> new_h, new_cell, gates
     _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
                 need_d_X, need_d_weights)
@@ -13,7 +15,9 @@ pass over the rows in the forward, one fused pass and the GEMMs in the backward:
 What changed since stage 10: the forward returns the pre-activation gates instead of five
 intermediates; LLTMFunction saves them with tensors that exist anyway (input, old_h, weights,
 new_cell), and the backward recomputes the gate activations and X (README: the memory this
-saves, measured). The backward tells C++ which GEMMs autograd needs.
+saves, measured). The backward tells C++ which GEMMs autograd needs. LLTM.forward calls
+_C.cell, the same recipe as LLTMFunction in C++ (one call per step from Python); LLTMFunction
+stays, the recipe in Python.
 
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
 stages 09-11: ``python -m eml.common.lltm_bench``.

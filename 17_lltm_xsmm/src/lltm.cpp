@@ -12,9 +12,11 @@
 //             d_X = d_gates W                        LIBXSMM, d_bias = sum of rows (ATen)
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
+//   cell(input, weights, bias, old_h, old_cell) -> [new_h, new_cell]   (one autograd node, section 6)
 //   forward_pass(gates, old_cell) -> [new_h, new_cell]     (the fused pass alone, to time it)
 //   backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, need_d_X, need_d_weights)
 //     -> [d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell]
+//   simd_path() -> str, set_simd_path(str)                (which float32 copy runs, section 3b)
 //
 // What changed since stage 11: section 3c (new) puts the GEMMs on LIBXSMM 1.17's kernels, which
 // stage 06 introduced for the linear layer, but without its loop nest: at these sizes (a batch

@@ -6,6 +6,7 @@ step, _C.cell); the compiled module ``_C`` (lltm.cpp) runs the forward's GEMM an
 two as LIBXSMM kernels, one per thread, on the operands where they lie (X = [old_h, input] is
 never built), around 11's fused passes:
 
+    _C.cell(input, weights, bias, old_h, old_cell) -> new_h, new_cell
     _C.forward(input, weights, bias, old_h, old_cell) -> new_h, new_cell, gates
     _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
                 need_d_X, need_d_weights)
