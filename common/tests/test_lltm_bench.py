@@ -1,4 +1,4 @@
-"""The LLTM benchmark times a compiled cell compiled, at every shape.
+"""The LLTM benchmark times a compiled cell compiled at every shape, and no garbage collection.
 
 torch.compile keeps one cache per compiled function, shared by every cell built from the same
 class; past its recompile limit a compiled cell runs eager with only a logged warning, and the
@@ -6,6 +6,8 @@ benchmark's row for it would time eager PyTorch under the compiled label. The te
 limit to 2 and times four shapes, counting through a backend of its own how many of each
 shape's calls ran the compiled graph.
 """
+
+import gc
 
 import pytest
 import torch
@@ -68,3 +70,18 @@ def test_without_the_reset_the_recompile_limit_turns_the_cell_eager(monkeypatch)
     with torch._dynamo.config.patch(recompile_limit=2):
         compiled_calls = time_every_shape(recording_cell_maker(ran), ran)
     assert any(n == 0 for n in compiled_calls.values()), compiled_calls
+
+
+def test_no_garbage_collection_inside_the_timed_calls():
+    # The warm-up runs with the collector on (it may compile); the timed calls without it, as
+    # timeit does; afterwards it is on again.
+    enabled = []
+
+    class Probe(ReferenceLLTM):
+        def forward(self, input, state):
+            enabled.append(gc.isenabled())
+            return super().forward(input, state)
+
+    lltm_bench.time_cells({"probe": Probe}, SHAPES[0], runs=RUNS, rounds=ROUNDS, warmup=WARMUP)
+    assert enabled == [True] * WARMUP + [False] * (RUNS * ROUNDS)
+    assert gc.isenabled()

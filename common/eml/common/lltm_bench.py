@@ -12,7 +12,8 @@ then the speed-up of forward + backward over stage 09's nn.Module (the first cel
 autograd), from the minima and from the averages, and how many KiB the cell keeps alive for its
 backward beyond its inputs, parameters and outputs. Timing: every call timed on its own, as
 benchmark.py does, but with time.perf_counter (benchmark.py reads time.time), the cells
-interleaved round by round so that a drift of the machine hits all of them alike. Unlike
+interleaved round by round so that a drift of the machine hits all of them alike, and the
+garbage collector off during the timed calls (as timeit has it). Unlike
 benchmark.py, the backward starts from two fixed random gradients of new_h and new_cell
 (benchmark.py calls (new_h.sum() + new_C.sum()).backward()), and the inputs X, h and C do not
 require grad: the backward computes the gradients of the weights and the bias only, as when
@@ -24,6 +25,7 @@ them gains from this). A stage joins by a "cells" key in its TOUR:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import math
 import statistics
@@ -95,10 +97,20 @@ def time_cells(makers: dict, shape, *, runs=100, rounds=3, warmup=5, dtype=torch
     for cell in cells.values():
         for _ in range(warmup):
             one_call(cell, None)
-    for _ in range(rounds):
-        for label, cell in cells.items():
-            for _ in range(runs):
-                one_call(cell, times[label])
+    # As timeit does: no garbage collection inside the timed calls. A compile in the warm-up
+    # leaves many objects behind, and a full collection would land in one timed call (one
+    # call of ~0.2 s seen in a Jupyter kernel, which alone moved a 70 us average to 1.5 ms).
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds):
+            for label, cell in cells.items():
+                for _ in range(runs):
+                    one_call(cell, times[label])
+    finally:
+        if collecting:
+            gc.enable()
     return times
 
 
