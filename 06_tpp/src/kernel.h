@@ -1,4 +1,4 @@
-// Stage 06, and stage 08 unchanged: one JIT kernel. How LIBXSMM 1.17 is asked for a GEMM kernel of fixed
+// Stage 06, and stage 08 with its own kStage: one JIT kernel. How LIBXSMM 1.17 is asked for a GEMM kernel of fixed
 // sizes, and how a NULL answer becomes a Python error instead of a crash.
 //
 // A TPP (tensor processing primitive) is a small kernel for one fixed job, here the GEMM block
