@@ -27,7 +27,8 @@ say() { echo "gpu_run.sh [$((SECONDS - START)) s] $*"; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
   "$PY" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
   command -v nvcc >/dev/null && nvcc --version | tail -2 || echo "nvcc not on PATH"
-  echo "host compiler: $("${CXX:-c++}" --version | head -1)" || true
+  echo "C++ compiler (CXX): $("${CXX:-c++}" --version | head -1)" || true
+  echo "nvcc's host compiler (CC): $("${CC:-cc}" --version | head -1)" || true
   grep -m1 "model name" /proc/cpuinfo || true; } 2>&1 | tee "$LOG/gpu.txt"
 
 install() {  # install STAGE: one pip call, its output in install_STAGE.txt, its tail on failure

@@ -5,7 +5,7 @@
 // (CppExtension + BuildExtension), or just in time by torch.utils.cpp_extension.load (jit.py).
 // What changed since stage 02: Python -> C++; nothing about the linear layer yet.
 // Only pybind11 is included (not <torch/extension.h>): hello() needs no tensors, and the
-// file compiles in seconds instead of tens of seconds. Stage 04 includes torch/extension.h.
+// file compiles in seconds instead of ten or more. Stage 04 includes torch/extension.h.
 // Run it: pip install --no-build-isolation .  then  python -c "from eml.hello_cpp import hello; hello()"
 #include <pybind11/pybind11.h>
 

@@ -36,7 +36,6 @@ class TestModule(CppModuleTests):
         return Function.apply(input, weight, bias), ()  # C++'s backward gets only the three flags
 
 
-
 class WithoutTheDecorator(Function):
     """Function with the C++ backward called directly, not through once_differentiable."""
 

@@ -14,7 +14,8 @@ the compiler vectorises) or ``"textbook"`` (one dot product per output element);
 the napkin maths. The course's own two declarations, ``forward(input, weight)`` and
 ``backward(grad_output, input, weights)``, are bound too, with the default order.
 What changed since stage 04: ``Layer(..., loop_order=...)`` and ``Function.apply(...,
-loop_order)`` pass the loop order down to C++; everything else here is stage 04's.
+loop_order)`` pass the loop order down to C++; ``Layer`` refuses an unknown order when it is
+built and shows its order in its repr; everything else here is stage 04's.
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``.
 """
 

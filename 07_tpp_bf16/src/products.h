@@ -1,6 +1,6 @@
 // Stage 07: the layer's three products on raw pointers, each a BlockedGemm plan run over packed
-// operands, and the bias gradient, as in stage 06 except that forward_tpp takes W as a callable. FunctionCpp.cpp calls them once its checks have passed: nothing
-// here checks a size. Read after linear_state.h (the plans and the pack cache these use).
+// operands, and the bias gradient, as in stage 06 except that forward_tpp takes W as a callable.
+// FunctionCpp.cpp calls them once its checks have passed: nothing here checks a size. Read after linear_state.h (the plans and the pack cache these use).
 //
 // ---- The views trick: every product computed transposed, so no TRANS_A is ever needed ----
 //

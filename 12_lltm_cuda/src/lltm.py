@@ -5,6 +5,7 @@ and its two lessons (save only the pre-activation gates, skip the GEMMs nobody a
 compiled module ``_C`` is built from lltm_cuda.cpp (checks, cuBLAS GEMMs, binding) and
 lltm_cuda_kernel.cu (one forward kernel, one backward kernel in place of 11's row loops):
 
+    _C.cell(input, weights, bias, old_h, old_cell) -> new_h, new_cell
     _C.forward(input, weights, bias, old_h, old_cell) -> new_h, new_cell, gates
     _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights,
                 need_d_X, need_d_weights)

@@ -14,6 +14,7 @@
 // Build: pip install --no-build-isolation ./12_lltm_cuda   (a CUDA build of torch and nvcc;
 // see ../README.md), or JIT: eml.lltm_cuda.jit.build().
 //
+//   cell(input, weights, bias, old_h, old_cell) -> [new_h, new_cell]   (one autograd node, section 6)
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
 //   backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, need_d_X, need_d_weights)
 //     -> [d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell]

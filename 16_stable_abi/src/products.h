@@ -126,8 +126,8 @@ void forward_tpp(LinearState& io_state, const torch::stable::Tensor& i_weight_co
       [&](idx mb, idx nb, const T* tile, bool add) { store_tile(l_gemm, mb, nb, tile, add, o_y, /*ldc=*/i_out, i_b); });
 }
 
-// The backward's A operands, packed like the forward's W (see "The training step" in the
-// README): column block mb (columns mb*bm ..) of a row-major (rows x cols) matrix, copied into
+// The backward's A operands, packed like the forward's W (06's README, "The training step"):
+// column block mb (columns mb*bm ..) of a row-major (rows x cols) matrix, copied into
 // panel mb, (rows x bm) contiguous: the column-major (bm x rows) A operand with lda = bm. Read
 // in place instead, A's columns lie `cols` elements apart, a multiple of 4 KB for the usual
 // sizes: every column of a k step falls into the same few L1 sets, and they evict each other.

@@ -62,9 +62,9 @@ def time_cells(makers: dict, shape, *, runs=100, rounds=3, warmup=5, dtype=torch
     """{label: (forward times, backward times)} in seconds, one entry per call.
 
     All cells get the same input, state and weights (copied from the first cell)."""
-    # torch.compile keeps one cache per function, shared by every compiled cell: each new cell,
-    # shape, dtype or requires_grad adds an entry, and past the recompile limit (8) a compiled
-    # cell runs eager without an error, only a logged warning. A reset gives each shape a fresh
+    # torch.compile keeps one cache per function, shared by every compiled cell of one class:
+    # each new cell, shape, dtype or requires_grad adds an entry, and past the recompile limit
+    # (8) a compiled cell runs eager without an error, only a logged warning. A reset gives each shape a fresh
     # cache, as a program that runs one shape has.
     torch._dynamo.reset()
     batch, features, state = shape
