@@ -284,21 +284,7 @@ def test_bfloat16_is_float32_rounded_once(case):
 
 
 def test_bfloat16_mlp_forward_and_gradients_close_to_float32():
-    model = op_checks.mlp(Layer).bfloat16()
-    # The float32 reference starts from the same bf16-rounded weights and input, so that a ReLU
-    # near 0 cannot switch on one side only: what differs is the rounding inside the network.
-    reference = op_checks.mlp(torch.nn.Linear)
-    with torch.no_grad():
-        for p in reference.parameters():
-            p.copy_(p.bfloat16().float())
-    x = torch.randn(9, 16).bfloat16()
-    torch.testing.assert_close(model(x).float(), reference(x.float()), rtol=0.05, atol=0.05)
-    model(x).sum().backward()
-    reference(x.float()).sum().backward()
-    for (name, p), r in zip(model.named_parameters(), reference.parameters()):
-        assert p.grad.dtype == torch.bfloat16, name
-        # bf16 keeps 8 bits: a few roundings of 2^-8 on values of order one
-        torch.testing.assert_close(p.grad.float(), r.grad, rtol=0.05, atol=0.05, msg=lambda m: f"{name}: {m}")
+    op_checks.assert_bf16_mlp_close_to_float32(Layer)
 
 
 # -- modules: save/load, deepcopy, activation checkpointing -----------------------------------------

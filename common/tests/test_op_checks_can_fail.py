@@ -130,6 +130,12 @@ def test_compiled_wrong_gradient_is_caught():
                                           backend="eager")
 
 
+def test_bf16_mlp_with_a_wrong_gradient_is_caught():
+    op_checks.assert_bf16_mlp_close_to_float32(layer_on(linear_ok))
+    with pytest.raises(AssertionError, match=r"^0\.weight: Tensor-likes are not close"):
+        op_checks.assert_bf16_mlp_close_to_float32(layer_on(linear_wrong_grad))
+
+
 def test_export_that_only_works_for_the_example_batch_is_caught():
     op_checks.assert_export_runs(op_checks.mlp(torch.nn.Linear, sizes=(6, 3)), torch.randn(4, 6), [1, 9])
     # export itself refuses: the model specialises the batch that was declared dynamic

@@ -129,6 +129,26 @@ def mlp(make_layer, sizes=(16, 33, 9, 5), dtype=torch.float32, seed=0, activatio
     return torch.nn.Sequential(*modules).to(dtype)
 
 
+def assert_bf16_mlp_close_to_float32(make_layer, batch=9, tolerance=0.05):
+    """mlp(make_layer) in bfloat16 against mlp(torch.nn.Linear) in float32: the output and every
+    parameter's gradient (bfloat16, within ``tolerance``). The float32 reference starts from the
+    same bf16-rounded weights and input, so that a ReLU near 0 cannot switch on one side only:
+    what differs is the rounding inside the network (8 bits: a few roundings of 2^-8 on values of
+    order one)."""
+    model = mlp(make_layer).bfloat16()
+    reference = mlp(torch.nn.Linear)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.copy_(p.bfloat16().float())
+    x = torch.randn(batch, reference[0].in_features).bfloat16()
+    torch.testing.assert_close(model(x).float(), reference(x.float()), rtol=tolerance, atol=tolerance)
+    model(x).sum().backward()
+    reference(x.float()).sum().backward()
+    for (name, p), r in zip(model.named_parameters(), reference.parameters()):
+        assert p.grad.dtype == torch.bfloat16, f"{name}: gradient in {p.grad.dtype}, not bfloat16"
+        torch.testing.assert_close(p.grad.float(), r.grad, rtol=tolerance, atol=tolerance, msg=lambda m: f"{name}: {m}")
+
+
 def assert_no_graph_break(model, *args):
     """torch._dynamo.explain: one graph, no break; the message lists the break reasons."""
     torch._dynamo.reset()
