@@ -37,13 +37,13 @@ class TestModule(CppModuleTests):
 
 
 class WithoutTheDecorator(Function):
-    """Function with the C++ backward called directly, not through once_differentiable."""
+    """The stage's Function with the body of its backward_once, undecorated (functools.wraps
+    keeps the body as __wrapped__)."""
 
     @staticmethod
     def backward(ctx, grad_output):
         input, weight = ctx.saved_tensors
-        needs_input, needs_weight, needs_bias = (*ctx.needs_input_grad, False)[:3]
-        return tuple(_C.backward(grad_output, input, weight, needs_input, needs_weight, needs_bias))
+        return Function.backward_once.__wrapped__(ctx, grad_output, input, weight)
 
 
 def test_the_aten_backward_could_be_differentiated_twice():

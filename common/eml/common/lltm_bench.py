@@ -64,8 +64,8 @@ def time_cells(makers: dict, shape, *, runs=100, rounds=3, warmup=5, dtype=torch
     All cells get the same input, state and weights (copied from the first cell)."""
     # torch.compile keeps one cache per function, shared by every compiled cell of one class:
     # each new cell, shape, dtype or requires_grad adds an entry, and past the recompile limit
-    # (8) a compiled cell runs eager without an error, only a logged warning. A reset gives each shape a fresh
-    # cache, as a program that runs one shape has.
+    # (8) a compiled cell runs eager without an error, only a logged warning. A reset gives each
+    # shape a fresh cache, as a program that runs one shape has.
     torch._dynamo.reset()
     batch, features, state = shape
     generator = torch.Generator().manual_seed(seed)
