@@ -632,6 +632,47 @@ def test_benchmark_stops_with_one_line_without_a_gpu():
     assert len(lines) == 1 and lines[0].startswith("benchmark.py: needs a GPU"), lines
 
 
+def run_benchmark_on_a_pretend_gpu(monkeypatch, cells, check_cell):
+    """benchmark.main with the GPU and the cells faked: which cells reach the timing, and its exit status."""
+    spec = importlib.util.spec_from_file_location("stage12_benchmark", STAGE / "benchmark.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    from eml.common import lltm_bench
+    monkeypatch.setattr(torch.version, "cuda", "12.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "a pretend GPU")
+    monkeypatch.setattr(benchmark, "gpu_cells",
+                        lambda kind=None: {label: make for label, (key, make) in cells.items() if kind in (None, key)})
+    monkeypatch.setattr(lltm_bench, "check_cell", check_cell)
+    timed = []
+    monkeypatch.setattr(lltm_bench, "benchmark", lambda makers, *args, **kwargs: timed.extend(makers))
+    return benchmark.main(["--quick"]), timed
+
+
+def test_benchmark_leaves_out_only_a_cpu_cell_that_refuses_cuda_tensors(monkeypatch):
+    def check_cell(make, device):
+        if make == "cpu only":
+            raise RuntimeError("lltm_fused: input must be a CPU tensor, got device cuda:0")
+        if make == "broken":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return True, "ok"
+
+    status, timed = run_benchmark_on_a_pretend_gpu(
+        monkeypatch, {"09": ("cells", "fine"), "11": ("cells", "cpu only"), "12": ("cuda_cells", "fine")}, check_cell)
+    assert (status, timed) == (0, ["09", "12"])
+    # Any other error is raised, from a CPU cell or a GPU cell; so is a GPU cell's refusal.
+    for cells in ({"09": ("cells", "fine"), "10": ("cells", "broken")},
+                  {"09": ("cells", "fine"), "12": ("cuda_cells", "broken")},
+                  {"09": ("cells", "fine"), "12": ("cuda_cells", "cpu only")}):
+        with pytest.raises(RuntimeError):
+            run_benchmark_on_a_pretend_gpu(monkeypatch, cells, check_cell)
+    # A cell that fails the check is left out, and the exit status says so.
+    status, timed = run_benchmark_on_a_pretend_gpu(
+        monkeypatch, {"09": ("cells", "fine"), "12": ("cuda_cells", "wrong")},
+        lambda make, device: (make == "fine", "checked"))
+    assert (status, timed) == (1, ["09"])
+
+
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is here: gpu_run.sh would install and run everything")
 def test_gpu_run_stops_with_one_line_without_a_gpu(tmp_path):
     result = subprocess.run(["bash", str(STAGE / "gpu_run.sh"), str(tmp_path)], capture_output=True, text=True,
