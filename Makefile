@@ -16,6 +16,13 @@ STAMPS      := .stamps
 STAGES      := $(sort $(wildcard [0-9][0-9]_*))
 NOTEBOOKS   := $(sort $(wildcard notebooks/*.ipynb))
 
+# Two stages build at a time (JOBS=1 for one by one): most C++ stages are a single translation
+# unit, which one compiler process builds on one core, so one build alone leaves the second core of
+# a 2-core machine idle. Progress lines interleave; each names its stage. (The tests stay in one
+# process: two pytest workers on 2 cores ran slower than one, their OpenMP threads contending.)
+JOBS        ?= 2
+MAKEFLAGS   += --jobs=$(JOBS)
+
 # ninja (installed into the venv) must be on PATH for parallel, incremental C++ builds.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Deprecation warnings from setuptools would bury the progress lines.
@@ -59,11 +66,12 @@ $(STAMPS)/common: $(STAMPS)/venv $(shell find common -type f -not -path '*/build
 # True (exit 0) when this torch is a CUDA build that sees a GPU.
 export CUDA_CHECK := import torch, sys; sys.exit(not (torch.version.cuda and torch.cuda.is_available()))
 
-# Each stage is installed with tools/run-with-progress.sh, which prints the elapsed time while a
-# C++ build runs. A stage whose setup.py builds a CUDAExtension needs a CUDA build of torch and a GPU: where
-# there is none (torch's CPU build, as the README sets it up), it is skipped with one line.
+# Each stage is installed after common/ (order only: a change to common/ rebuilds no stage),
+# with tools/run-with-progress.sh, which prints the elapsed time while a C++ build runs. A stage
+# whose setup.py builds a CUDAExtension needs a CUDA build of torch and a GPU: where there is none
+# (torch's CPU build, as the README sets it up), it is skipped with one line.
 define stage_rule
-$(STAMPS)/$(1): $(STAMPS)/venv $(STAMPS)/libxsmm $(shell find $(1) -type f -not -path '*/build/*' -not -path '*.egg-info*' -not -path '*/tests/*' -not -name '*.pyc')
+$(STAMPS)/$(1): $(STAMPS)/venv $(STAMPS)/libxsmm $(shell find $(1) -type f -not -path '*/build/*' -not -path '*.egg-info*' -not -path '*/tests/*' -not -name '*.pyc') | $(STAMPS)/common
 	@if grep -q CUDAExtension $(1)/setup.py && ! $(PY) -c "$$$$CUDA_CHECK"; then \
 	    echo "==> skipping $(1): it builds CUDA kernels, and this torch has no CUDA build or sees no GPU"; \
 	else \
