@@ -190,8 +190,8 @@ def parts(shapes, rounds):
 
 
 # (bm, bn, bk) candidates for --blockings; bk 0 = the whole K in one step.
-CANDIDATE_BLOCKINGS = [(64, 64, 0), (64, 64, 128), (32, 128, 128), (64, 128, 128), (32, 256, 128), (32, 128, 256),
-                       (128, 64, 128), (128, 32, 256), (128, 64, 256)]
+CANDIDATE_BLOCKINGS = [(64, 64, 0), (64, 64, 128), (32, 128, 128), (64, 128, 128), (64, 128, 64), (96, 128, 64),
+                       (32, 256, 128), (32, 128, 256), (128, 64, 128), (128, 32, 256), (128, 64, 256)]
 
 
 def blockings(shapes, rounds):

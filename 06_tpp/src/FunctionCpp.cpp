@@ -3,7 +3,7 @@
 // What this stage teaches: how a fast matrix product is put together from TPPs (tensor
 // processing primitives): small kernels for one fixed job, here the GEMM block
 //
-//     C (m x n)  (+)=  A (m x k) . B (k x n)        64 x 128 x 128 by default on AVX2
+//     C (m x n)  (+)=  A (m x k) . B (k x n)        64 x 128 x 64 by default on AVX2
 //
 // that LIBXSMM writes as machine code at run time (JIT) for those exact sizes and the CPU it
 // runs on. Where the data lives while a kernel runs, for the 64 x 128 tiles of AVX2 (128 x 64

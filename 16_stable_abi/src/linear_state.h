@@ -24,11 +24,11 @@ namespace tpp {
 // The blocking of the three products (bm, bn, bk) and their tile order, per instruction set:
 // AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
 // so the best tile differs. Chosen by timing candidate blockings with `06_tpp/benchmark.py --blockings`
-// (06's README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 128-deep k steps, the best sum
-// over the three products and four large shapes; on AVX-512 (Zen 5) 128 x 64 tiles in 256-deep
-// k steps, 4-8 points of the probe per product above the 64 x 64 x 128 blocking it replaced.
+// (06's README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 64-deep k steps, whose 16 KB
+// A block stays in L1, 6-10 points of the probe per product above the 128-deep steps before; on
+// AVX-512 (Zen 5) 128 x 64 tiles in 256-deep k steps, 4-8 points above the 64 x 64 x 128 before.
 struct Config {
-  Blocking blocking[3] = {/*forward=*/{64, 128, 128}, /*grad_input=*/{64, 128, 128}, /*grad_weight=*/{64, 128, 128}};
+  Blocking blocking[3] = {/*forward=*/{64, 128, 64}, /*grad_input=*/{64, 128, 64}, /*grad_weight=*/{64, 128, 64}};
   bool n_outer[3] = {true, true, true};  // column blocks outermost: a thread packs each B block once
 };
 
