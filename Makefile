@@ -16,23 +16,26 @@ STAMPS      := .stamps
 STAGES      := $(sort $(wildcard [0-9][0-9]_*))
 NOTEBOOKS   := $(sort $(wildcard notebooks/*.ipynb))
 
-# Two stages build at a time (JOBS=1 for one by one): most C++ stages are a single translation
-# unit, which one compiler process builds on one core, so one build alone leaves the second core of
-# a 2-core machine idle. Progress lines interleave; each names its stage. (The tests stay in one
-# process: two pytest workers on 2 cores ran slower than one, their OpenMP threads contending.)
+# The set-up builds two stages at a time (JOBS=1 for one by one): most C++ stages are a single
+# translation unit, which one compiler process builds on one core, so one build alone leaves the
+# second core of a 2-core machine idle. Progress lines interleave; each names its stage. Only the
+# set-up runs in parallel: the tour and the tests time and run one thing at a time (two pytest
+# workers on 2 cores ran slower than one, their OpenMP threads contending).
 JOBS        ?= 2
-MAKEFLAGS   += --jobs=$(JOBS)
 
 # ninja (installed into the venv) must be on PATH for parallel, incremental C++ builds.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Deprecation warnings from setuptools would bury the progress lines.
 export PYTHONWARNINGS := ignore
 
-.PHONY: all setup tour test notebooks clean
+.PHONY: all setup stamps tour test notebooks clean
 all: tour
 
-setup: $(STAMPS)/libxsmm $(STAMPS)/common $(STAGES:%=$(STAMPS)/%)
+setup:
+	@$(MAKE) --no-print-directory --jobs=$(JOBS) stamps
 	@echo "==> set-up done: $(words $(STAGES)) stage(s) installed in $(VENV)"
+
+stamps: $(STAMPS)/libxsmm $(STAMPS)/common $(STAGES:%=$(STAMPS)/%)
 
 # 1. The virtual environment with the pinned packages (torch 2.13.0: the CPU build where pip has it; README).
 $(STAMPS)/venv: requirements.txt

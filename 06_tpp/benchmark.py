@@ -5,6 +5,7 @@
     python 06_tpp/benchmark.py --products # each product beside torch and numpy/OpenBLAS
     python 06_tpp/benchmark.py --blockings  # candidate blockings per product (how the default was chosen)
     python 06_tpp/benchmark.py --parts    # the training step beside the sum of its parts
+    python 06_tpp/benchmark.py --step-ab 64,128,128  # the training step under the default blocking and this one
 
 For each shape N x in x out: the forward alone (inference, packed weight cached), the
 training step (forward + backward of input, weight and bias, the weight packed afresh, as
@@ -20,6 +21,11 @@ cached (a state of its own, so that the other statements do not drop the cache) 
 afresh (as training does), the backward of all three gradients, the two calls in a row from C++
 (no autograd), the step through autograd, and torch.nn.Linear's step (F.linear, gy @ W, gy^T @ x,
 the bias sum): does the step cost what its parts ("fwd packs W" + "backward") add up to?
+
+--step-ab BM,BN,BK times the training step (through autograd, all threads) of one layer under
+this CPU's default blocking and under the one given (all three products), switched by
+state.set_config and interleaved in one process: a change of blocking measured without the drift
+between two runs.
 
 --blockings times each product under candidate blockings (bm, bn, bk) on one thread, in CPU
 time, interleaved: the measurement behind the default blocking of this CPU's instruction set.
@@ -57,7 +63,11 @@ def main():
     parser.add_argument("--products", action="store_true", help="each product beside torch and numpy")
     parser.add_argument("--blockings", action="store_true", help="candidate blockings per product, one thread")
     parser.add_argument("--parts", action="store_true", help="the training step beside the sum of its parts")
+    parser.add_argument("--step-ab", metavar="BM,BN,BK", help="the training step under the default blocking and this one")
     args = parser.parse_args()
+    if args.step_ab:
+        other = [int(v) for v in args.step_ab.split(",")]
+        return step_ab(SHAPES[:1] if args.quick else SHAPES, 1 if args.quick else args.rounds + 2, other)
     if args.parts:
         return parts(SHAPES[:1] if args.quick else SHAPES, 1 if args.quick else args.rounds)
     if args.products:
@@ -187,6 +197,33 @@ def parts(shapes, rounds):
         share = 6 * n * i * o / (ms["step"] * 1e-3) * 1e-9 / peak
         shape = "x".join(map(str, (n, i, o)))
         print(f"{shape:>16} " + " ".join(f"{ms[k]:>11.2f}" for k in statements) + f" {100 * share:>8.0f}%")
+
+
+def step_ab(shapes, rounds, other):
+    """The training step of one layer under the default blocking and under other, interleaved."""
+    threads = torch.get_num_threads()
+    default = [list(b) for b in Layer(1, 1).state.config[:3]]
+    print(f"CPU: {cpu_name()}, {threads} threads, LIBXSMM target {_C.target_arch()}, wall clock; training step "
+          f"(autograd), median of {rounds} interleaved rounds; A: default {default}, B: {other} for all three products")
+    print(f"{'N x in x out':>16} {'A ms':>8} {'B ms':>8} {'torch ms':>8} {'B vs A':>7} {'A vs torch':>10} {'B vs torch':>10}"
+          "   (x: speed-up)")
+    for n, i, o in shapes:
+        torch.manual_seed(0)
+        layer, linear = Layer(i, o), torch.nn.Linear(i, o)
+        x, gy = torch.randn(n, i, requires_grad=True), torch.randn(n, o)
+        configs = {"A": default, "B": [other] * 3}
+        times = {k: [] for k in ("A", "B", "torch")}
+        for _ in range(rounds):
+            for k in times:
+                if k != "torch":
+                    layer.state.set_config(*configs[k], layer.state.config[3])
+                timer = benchmark.Timer("m(x).backward(gy)", globals={"m": linear if k == "torch" else layer,
+                                                                     "x": x, "gy": gy}, num_threads=threads)
+                times[k].append(timer.blocked_autorange(min_run_time=0.3).median)
+        ms = {k: 1e3 * statistics.median(t) for k, t in times.items()}
+        shape = "x".join(map(str, (n, i, o)))
+        print(f"{shape:>16} {ms['A']:>8.2f} {ms['B']:>8.2f} {ms['torch']:>8.2f} {ms['A'] / ms['B']:>6.2f}x"
+              f" {ms['torch'] / ms['A']:>9.2f}x {ms['torch'] / ms['B']:>9.2f}x", flush=True)
 
 
 # (bm, bn, bk) candidates for --blockings; bk 0 = the whole K in one step.

@@ -10,9 +10,9 @@ with device="cuda": every call is timed on its own with time.perf_counter, with
 torch.cuda.synchronize() before the clock is read at the start, between forward and backward
 and at the end (a launch returns before the GPU has done the work: without the
 synchronisation the clock measures the launch, not the kernel). The cells are the "cells" of
-every installed stage (09, 10, 11) and this stage's "cuda_cells"; each is first checked on the
+every installed stage (09, 10, 11, 17) and this stage's "cuda_cells"; each is first checked on the
 GPU against common/'s reference (outputs and the five gradients in float32, gradcheck in
-float64). A CPU stage's cell that refuses CUDA tensors (stage 11's fused pass is CPU code) is
+float64). A CPU stage's cell that refuses CUDA tensors (11's and 17's passes are CPU code) is
 named and left out; a cell that fails the check is reported and left out, and the script
 then exits 1, as it does (with the traceback) when any other error is raised. The first cell
 timed is stage 09's nn.Module: every "x" is a speed-up over it. Without a GPU it stops with one line.

@@ -162,21 +162,21 @@ def test_set_config_refuses_bad_blocks():
 
 # -- the state: kernels at construction and on demand, lifetime, memory -------------------
 def test_constructor_dispatches_the_batch_independent_kernels():
-    # The default blocking depends on the instruction set: sizes of one full row block plus a
-    # tail, each feature count below one k step.
-    (bm_forward, bn, _), (bm_grad_input, _, _) = _C.LinearState(1, 1).config[:2]
-    n_in, n_out = bm_grad_input + 30, bm_forward + 6
+    # Feature counts below every default block size (the blocking depends on the instruction set:
+    # the smallest is AVX2's 64), so each product is one row block and one k step.
+    bn = _C.LinearState(1, 1).config[0][1]  # the forward's column block: the batch's block
+    n_in, n_out = 30, 6
     state = _C.LinearState(n_in, n_out)
-    # float32 forward (n_out rows = a full row block + a tail: 2 kernels) and grad_input (n_in
-    # rows: 2 kernels), one k step each (beta 0): dispatched before any batch size is known.
-    assert state.kernels == 4 and state.plans == 2, repr(state)
+    # float32 forward (6 x 30 blocks) and grad_input (30 x 6): one kernel each, beta 0,
+    # dispatched before any batch size is known.
+    assert state.kernels == 2 and state.plans == 2, repr(state)
     w, b = torch.randn(n_out, n_in), torch.randn(n_out)
     x = torch.randn(2 * bn, n_in)
     assert_close(_C.forward(x, w, b, state), F.linear(x, w, b), torch.float32, f"N = {2 * bn}")
-    assert state.kernels == 4, "a batch of whole column blocks needs no new kernel"
+    assert state.kernels == 2, "a batch of whole column blocks needs no new kernel"
     x_tail = torch.randn(2 * bn + 2, n_in)
     assert_close(_C.forward(x_tail, w, b, state), F.linear(x_tail, w, b), torch.float32, f"N = {2 * bn + 2}")
-    assert state.kernels == 6, "the 2-column tail block: full and tail row blocks, dispatched lazily"
+    assert state.kernels == 3, "the 2-column tail block needs a kernel of its own, dispatched lazily"
     _C.backward(torch.randn(2 * bn + 2, n_out), x_tail, w, True, True, True, state)
     assert state.kernels > 6, "grad_weight reduces over the batch: its kernels wait for N"
     before = state.kernels

@@ -14,9 +14,10 @@
 //     registers while it runs over k, loading a column of A and broadcasting elements of B.
 //     A whole 64 x 128 float32 tile cannot stay there: it is 32 KB, and all the vector registers
 //     together hold 2 KB (32 x 64 B, AVX-512) or 512 B (16 x 32 B, AVX2);
-//   - L1 (32-48 KB per core): the thread's C tile and the A and B columns in use;
-//   - L2 (512 KB-1 MB per core): the thread's chunk of packed B (at most 256 KB) and the A
-//     block, re-read from there for every register block of C.
+//   - L1 (32-48 KB per core): the A block (16 KB on AVX2), which the kernel reads again for
+//     every few columns of B, and the B and C columns in use;
+//   - L2 (512 KB-1 MB per core): the thread's chunk of packed B (at most 256 KB) and its C tile,
+//     read and written once per kernel call.
 // Our job is the loop nest around the kernels: cut each of the layer's three products into
 // tiles, reduce every tile in k steps, spread the tiles over the threads, and prepare once
 // everything that can be prepared once (the kernels, the plans).
