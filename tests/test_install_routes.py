@@ -8,8 +8,16 @@ for the one that links a third-party library (LIBXSMM), stage 08 for the abi3 bu
 registered operators, and stage 13 for the one whose build makes a plain C shared library
 beside the package. The C++ stages 03, 06 and 08 go by `setup.py install` only: `make` has
 built and installed each of them the pip way already (CASES below).
+
+Each case works in a folder of its own under the session's `background_builds` (the root
+conftest.py): `build_in_background` below makes every install there as the session begins, at
+low priority, and each test then makes its install again in the same folder, which finds the
+compiling done (or waits on the case's lock until it is). These tests run last (pytest.ini's
+testpaths), so that the builds have the whole session to finish in.
 """
 
+import contextlib
+import fcntl
 import os
 import pathlib
 import shutil
@@ -49,15 +57,32 @@ print("ok", module.__file__, flush=True)
 """
 
 
-def install(route, stage, tmp_path):
-    source = tmp_path / "src"
-    shutil.copytree(ROOT / stage, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    prefix = tmp_path / "prefix"
+@contextlib.contextmanager
+def case_folder(folder, route, stage):
+    """The case's own folder under folder, held locked (against the background build or a test)."""
+    work = pathlib.Path(folder, "install_routes", f"{stage}-{route.split()[0]}")
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield work
+
+
+def install(route, stage, work):
+    """Install a copy of the stage (made once, in work/src) by route into work/prefix; a second
+    install of the same copy finds its build done."""
+    source = work / "src"
+    if not (work / "copied").exists():  # not yet, or a copy cut short
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.copytree(ROOT / stage, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+        (work / "copied").touch()
+    prefix = work / "prefix"
     if route == "setup.py install":
         command = [sys.executable, "setup.py", "install", f"--prefix={prefix}"]
         site = prefix / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     else:
-        command = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", f"--target={prefix}", "."]
+        # --upgrade: a second install replaces the first's files (pip --target keeps them otherwise)
+        command = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--upgrade",
+                   f"--target={prefix}", "."]
         site = prefix
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONWARNINGS="ignore")
     result = subprocess.run(command, cwd=source, env=env, capture_output=True, text=True)
@@ -65,12 +90,23 @@ def install(route, stage, tmp_path):
     return site, env
 
 
+def build_in_background(folder):
+    """Every case's install, which the root conftest.py starts as the session begins (see there)."""
+    for route, stage in CASES:
+        with case_folder(folder, route, stage) as work:
+            try:
+                install(route, stage, work)
+            except AssertionError:
+                pass  # its test installs again and shows the failure
+
+
 @pytest.mark.parametrize("route, stage", CASES)
-def test_stage_installs_and_runs(route, stage, tmp_path):
-    site, env = install(route, stage, tmp_path)
+def test_stage_installs_and_runs(route, stage, background_builds):
+    with case_folder(background_builds, route, stage) as work:
+        site, env = install(route, stage, work)
     result = subprocess.run(
         [sys.executable, "-c", CHECK, MODULES[stage], str(site), stage, RUN[stage]],
-        env=env, capture_output=True, text=True, cwd=tmp_path,
+        env=env, capture_output=True, text=True, cwd=work,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1].startswith("ok")

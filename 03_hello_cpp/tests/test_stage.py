@@ -4,6 +4,8 @@ C++ writes to file descriptor 1 directly, past Python's sys.stdout: pytest's `ca
 (file-descriptor capture) sees the line, `capsys` (sys.stdout capture) does not.
 """
 
+import os
+
 import eml.hello_cpp
 from eml.hello_cpp import hello, jit
 
@@ -28,11 +30,18 @@ def test_extension_is_a_compiled_module_in_the_package():
     assert "Print 'Hello World!' from C++" in compiled.hello.__doc__  # m.def's docstring, not just the signature
 
 
-def test_jit_route_builds_into_the_given_directory(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    module = jit.build()
-    assert (tmp_path / "hello_cpp_jit").is_dir()
-    assert str(tmp_path) in module.__file__
+def build_in_background(folder):
+    """The test below's JIT build, which the root conftest.py starts as the session begins, so
+    that it compiles while other tests run (see there)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    jit.build()
+
+
+def test_jit_route_builds_into_the_given_directory(background_builds, monkeypatch, capfd):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(background_builds))
+    module = jit.build()  # built by build_in_background above, or by this call
+    assert (background_builds / "hello_cpp_jit").is_dir()
+    assert str(background_builds) in module.__file__
     capfd.readouterr()
     module.hello()
     assert capfd.readouterr().out == "Hello World!\n"

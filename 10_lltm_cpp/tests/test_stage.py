@@ -3,6 +3,8 @@ compiled module called directly (its seven forward results, d_X cut right when F
 device ATen runs on), and both
 build routes: setup.py (the installed _C) and JIT (jit.build() into a temporary folder)."""
 
+import os
+
 import torch
 
 from eml.common.lltm_checks import CellTests, Shape, make_arguments, reference_lltm
@@ -54,10 +56,17 @@ def test_runs_on_any_device_aten_runs_on():
         [("meta", (4, 5)), ("meta", (4, 6)), ("meta", (15, 11)), ("meta", (1, 15)), ("meta", (4, 5))]
 
 
-def test_jit_route_builds_the_same_module(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    module = jit.build()
-    assert str(tmp_path) in module.__file__
+def build_in_background(folder):
+    """The test below's JIT build, which the root conftest.py starts as the session begins, so
+    that it compiles while other tests run (see there)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    jit.build()
+
+
+def test_jit_route_builds_the_same_module(background_builds, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(background_builds))
+    module = jit.build()  # built by build_in_background above, or by this call
+    assert str(background_builds) in module.__file__
     arguments = make_arguments(Shape(7, 13, 33), torch.float64)
     for built, installed in zip(module.forward(*arguments), _C.forward(*arguments)):
         torch.testing.assert_close(built, installed, rtol=0, atol=0)

@@ -4,6 +4,7 @@ results, d_X cut right when F != S, the GEMMs skipped when not asked for), the S
 copies of the fused passes against each other, what the Function saves for the backward, one
 OpenMP runtime in the process, and both build routes."""
 
+import os
 import pathlib
 
 import pytest
@@ -132,10 +133,17 @@ def test_one_openmp_runtime_in_the_process():
     assert b"libgomp" not in pathlib.Path(_C.__file__).read_bytes(), "_C is linked against a libgomp"
 
 
-def test_jit_route_builds_the_same_module(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    module = jit.build()
-    assert str(tmp_path) in module.__file__
+def build_in_background(folder):
+    """The test below's JIT build, which the root conftest.py starts as the session begins, so
+    that it compiles while other tests run (see there)."""
+    os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+    jit.build()
+
+
+def test_jit_route_builds_the_same_module(background_builds, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(background_builds))
+    module = jit.build()  # built by build_in_background above, or by this call
+    assert str(background_builds) in module.__file__
     arguments = make_arguments(Shape(7, 13, 33), torch.float64)
     for built, installed in zip(module.forward(*arguments), _C.forward(*arguments)):
         torch.testing.assert_close(built, installed, rtol=0, atol=0)

@@ -295,15 +295,26 @@ def emulated_source():
     return "\n".join(parts)
 
 
-@pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
+def build_emulated(folder):
     """The kernel file (as written and broken five ways) and the host file compiled for the CPU
-    (one to three minutes: one translation unit with torch)."""
+    into folder/lltm_cuda_emulated (one to three minutes: one translation unit with torch)."""
     from torch.utils.cpp_extension import load_inline
 
-    build = tmp_path_factory.mktemp("lltm_cuda_emulated")
+    build = pathlib.Path(folder, "lltm_cuda_emulated")
+    build.mkdir(exist_ok=True)
     return load_inline(name="lltm_cuda_emulated", cpp_sources=[emulated_source()], extra_cflags=["-O2"],
                        build_directory=str(build))
+
+
+def build_in_background(folder):
+    """The emulated module's build, which the root conftest.py starts as the session begins, so
+    that it compiles while other tests run (see there)."""
+    build_emulated(folder)
+
+
+@pytest.fixture(scope="module")
+def emulated(background_builds):
+    return build_emulated(background_builds)  # built by build_in_background above, or by this call
 
 
 def inside_nan(tensor):

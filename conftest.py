@@ -1,0 +1,93 @@
+"""The test session's background builds: compile while the other tests run.
+
+Some tests build C++ themselves: the JIT route of stages 03, 10, 11 and 17, stage 12's kernels
+emulated on the CPU, and the install routes of tests/test_install_routes.py. Each such build is
+a minute or two of compiling, most of it one compiler process on one core, while the rest of the
+suite (small tensors, Python-bound) leaves the second core of a 2-core machine mostly idle.
+
+So a test module may define `build_in_background(folder)`: the same build its tests make, into
+`folder`. When the session has collected its tests, this file starts one process, at the lowest
+priority (nice 19: it takes only the cycles the tests leave), that calls each collected module's
+function in turn, in collection order. The tests then make their build again in the same folder
+(fixture `background_builds`) and find it done, or wait for it: torch's JIT build waits on its
+lock file; the install routes take a lock of their own. A build that failed in the background is
+simply made again by its test, which then shows the compiler's error itself. The process's output
+lands in background.log in the folder, and in the session's summary at the end, when the folder
+goes.
+"""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+HOOK = "build_in_background"
+
+# Run in the background process: argv[1] is the folder, the rest are test modules' paths.
+RUNNER = """
+import runpy, sys, time, traceback
+folder = sys.argv[1]
+for path in sys.argv[2:]:
+    start = time.perf_counter()
+    try:
+        runpy.run_path(path)["build_in_background"](folder)
+        print(f"built for {path} in {time.perf_counter() - start:.0f} s", flush=True)
+    except BaseException:
+        print(f"FAILED for {path} (its tests build it again and report):", flush=True)
+        traceback.print_exc()
+        sys.stdout.flush()
+"""
+
+_folder = None
+_process = None
+_log = []  # the background process's output, kept for the summary
+
+
+def pytest_collection_finish(session):
+    global _folder, _process
+    if session.config.option.collectonly:
+        return
+    paths = []
+    for item in session.items:
+        module = getattr(item, "module", None)
+        if callable(getattr(module, HOOK, None)) and module.__file__ not in paths:
+            paths.append(module.__file__)
+    if not paths:
+        return
+    _folder = tempfile.mkdtemp(prefix="eml-background-builds-")
+    with open(os.path.join(_folder, "background.log"), "w") as log:
+        _process = subprocess.Popen([sys.executable, "-c", RUNNER, _folder, *paths], stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lambda: os.nice(19))
+
+
+@pytest.fixture(scope="session")
+def background_builds():
+    """The folder the background builds go into (see this file's docstring): a pathlib.Path."""
+    global _folder
+    if _folder is None:  # no background build was started (--collect-only, say): an empty one
+        _folder = tempfile.mkdtemp(prefix="eml-background-builds-")
+    return pathlib.Path(_folder)
+
+
+def pytest_sessionfinish(session):
+    global _log
+    if _process is not None and _process.poll() is None:
+        os.killpg(_process.pid, 9)  # its compilers too
+        _process.wait()
+        _log.append("(stopped: the session ended first)")
+    if _folder is not None:
+        log = pathlib.Path(_folder, "background.log")
+        _log = (log.read_text().splitlines() if log.exists() else []) + _log
+        shutil.rmtree(_folder, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _log:
+        terminalreporter.section("background builds (conftest.py)")
+        for line in _log:
+            terminalreporter.write_line(line)
