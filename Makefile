@@ -43,8 +43,8 @@ export PYTHONWARNINGS := ignore
 all: tour
 
 setup:
-	@$(MAKE) --no-print-directory --jobs=$(JOBS) stamps
-	@echo "==> set-up done: $(words $(STAGES)) stage(s) installed in $(VENV)"
+	@start=$$(date +%s); $(MAKE) --no-print-directory --jobs=$(JOBS) stamps \
+	    && echo "==> set-up done: $(words $(STAGES)) stage(s) installed in $(VENV) ($$(( $$(date +%s) - start )) s)"
 
 stamps: $(STAMPS)/libxsmm $(STAMPS)/common $(STAGES:%=$(STAMPS)/%)
 
@@ -53,7 +53,10 @@ $(STAMPS)/venv: requirements.txt
 	@mkdir -p $(STAMPS)
 	@echo "==> creating $(VENV) and installing requirements.txt"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@# --no-compile: no byte-compiling of every installed module (torch's ~8800 files: 40 s on one
+	@# core); Python compiles, once, only the modules that are imported.
+	@start=$$(date +%s); $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt \
+	    && echo "    $(VENV): done in $$(( $$(date +%s) - start )) s"
 	@touch $@
 
 # 2. LIBXSMM for the stages on its kernels (06, 07, 08, 16, 17): Debian's libxsmm-dev (headers and static libraries).
