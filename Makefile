@@ -53,9 +53,7 @@ $(STAMPS)/venv: requirements.txt
 	@mkdir -p $(STAMPS)
 	@echo "==> creating $(VENV) and installing requirements.txt"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# --no-compile: no byte-compiling of every installed module (torch's ~8800 files: 40 s on one
-	@# core); Python compiles, once, only the modules that are imported.
-	@start=$$(date +%s); $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt \
+	@start=$$(date +%s); $(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt \
 	    && echo "    $(VENV): done in $$(( $$(date +%s) - start )) s"
 	@touch $@
 

@@ -7,8 +7,8 @@ suite (small tensors, Python-bound) leaves the second core of a 2-core machine m
 
 So a test module may define `build_in_background(folder)`: the same build its tests make, into
 `folder`. When the session has collected its tests, this file starts one process, at the lowest
-priority (nice 19: it takes only the cycles the tests leave), that calls each collected module's
-function in turn, in collection order. The tests then make their build again in the same folder
+priority (nice 19: it takes only the cycles the tests leave), that calls the function of each
+module with a selected test that uses the fixture, in turn, in collection order. The tests then make their build again in the same folder
 (fixture `background_builds`) and find it done, or wait for it: torch's JIT build waits on its
 lock file; the install routes take a lock of their own. A build that failed in the background is
 simply made again by its test, which then shows the compiler's error itself. The process's output
@@ -52,17 +52,25 @@ def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
     paths = []
-    for item in session.items:
+    for item in session.items:  # the modules with a selected test that uses the fixture below
         module = getattr(item, "module", None)
-        if callable(getattr(module, HOOK, None)) and module.__file__ not in paths:
+        if ("background_builds" in getattr(item, "fixturenames", ()) and callable(getattr(module, HOOK, None))
+                and module.__file__ not in paths):
             paths.append(module.__file__)
     if not paths:
         return
     _folder = tempfile.mkdtemp(prefix="eml-background-builds-")
     with open(os.path.join(_folder, "background.log"), "w") as log:
         _process = subprocess.Popen([sys.executable, "-c", RUNNER, _folder, *paths], stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    preexec_fn=lambda: os.nice(19))
+                                    stderr=subprocess.STDOUT, preexec_fn=_lowest_priority)
+
+
+def _lowest_priority():
+    """In the child: a process group of its own (so that its compilers can be stopped with it),
+    but not a session of its own: Linux's autogroup scheduling gives each session an equal share
+    of the CPU whatever its processes' nice values, and the builds would take a whole core."""
+    os.setpgid(0, 0)
+    os.nice(19)
 
 
 @pytest.fixture(scope="session")
@@ -76,10 +84,13 @@ def background_builds():
 
 def pytest_sessionfinish(session):
     global _log
-    if _process is not None and _process.poll() is None:
-        os.killpg(_process.pid, 9)  # its compilers too
-        _process.wait()
-        _log.append("(stopped: the session ended first)")
+    if _process is not None:
+        try:
+            _process.wait(timeout=5)  # done, or finishing its last line
+        except subprocess.TimeoutExpired:
+            os.killpg(_process.pid, 9)  # its compilers too
+            _process.wait()
+            _log.append("(stopped: the session ended first)")
     if _folder is not None:
         log = pathlib.Path(_folder, "background.log")
         _log = (log.read_text().splitlines() if log.exists() else []) + _log
