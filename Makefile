@@ -25,13 +25,14 @@ JOBS        ?= 2
 
 # ninja (installed into the venv) must be on PATH for parallel, incremental C++ builds.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
-# No debug information in the extensions `make` builds (and the tests build): Python's own flags
-# (sysconfig's CFLAGS: -DNDEBUG -g -fwrapv -O3 -Wall ...) carry -g, and for a translation unit that
-# includes torch's headers, -g costs a third to a half of the compile time and makes the objects
-# about 30 times larger. setuptools takes CFLAGS from the environment in place of Python's, so
-# CFLAGS is Python's flags followed by -g0 (the last -g wins); one set on make's command line or in
-# the environment replaces it. A stage built by hand (pip install --no-build-isolation ./NN_stage,
-# or setup.py install) keeps Python's flags, -g included: that is the build to debug.
+# No debug information in the extensions `make` builds (and the install routes the tests build):
+# Python's own flags (sysconfig's CFLAGS: -DNDEBUG -g -fwrapv -O3 -Wall ...) carry -g, and for a
+# translation unit that includes torch's headers, -g costs a third to a half of the compile time and
+# makes the objects about 30 times larger. setuptools takes CFLAGS from the environment in place of
+# Python's, so CFLAGS is Python's flags followed by -g0 (the last -g wins); one set on make's
+# command line or in the environment replaces it. A stage built by hand (pip install
+# --no-build-isolation ./NN_stage, or setup.py install) keeps Python's flags, -g included: that is
+# the build to debug.
 ifeq ($(origin CFLAGS),undefined)
 CFLAGS := $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_config_var("CFLAGS") or "")') -g0
 endif

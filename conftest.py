@@ -8,12 +8,14 @@ suite (small tensors, Python-bound) leaves the second core of a 2-core machine m
 So a test module may define `build_in_background(folder)`: the same build its tests make, into
 `folder`. When the session has collected its tests, this file starts one process, at the lowest
 priority (nice 19: it takes only the cycles the tests leave), that calls the function of each
-module with a selected test that uses the fixture, in turn, in collection order. The tests then make their build again in the same folder
-(fixture `background_builds`) and find it done, or wait for it: torch's JIT build waits on its
-lock file; the install routes take a lock of their own. A build that failed in the background is
-simply made again by its test, which then shows the compiler's error itself. The process's output
-lands in background.log in the folder, and in the session's summary at the end, when the folder
-goes.
+module with a selected test that uses the fixture, in turn, in collection order. The tests then
+make their build again in the same folder (fixture `background_builds`) and find it done, or
+wait for it: torch's JIT build waits on its lock file; the install routes take a lock of their
+own. If a build fails in the background, the install route's test installs again and shows why;
+a JIT test fails to load the module, and the compiler's error is in the session's summary: the
+process's output lands in background.log in the folder, and in that summary at the end, when the
+folder goes. The process stops itself (and its compilers) if pytest goes first, killed by
+`timeout`, say.
 """
 
 import os
@@ -29,8 +31,16 @@ HOOK = "build_in_background"
 
 # Run in the background process: argv[1] is the folder, the rest are test modules' paths.
 RUNNER = """
-import runpy, sys, time, traceback
+import os, runpy, sys, threading, time, traceback
 folder = sys.argv[1]
+parent = os.getppid()
+
+def stop_when_pytest_is_gone():
+    while os.getppid() == parent:
+        time.sleep(1)
+    os.killpg(0, 9)
+
+threading.Thread(target=stop_when_pytest_is_gone, daemon=True).start()
 for path in sys.argv[2:]:
     start = time.perf_counter()
     try:
@@ -54,8 +64,8 @@ def pytest_collection_finish(session):
     paths = []
     for item in session.items:  # the modules with a selected test that uses the fixture below
         module = getattr(item, "module", None)
-        if ("background_builds" in getattr(item, "fixturenames", ()) and callable(getattr(module, HOOK, None))
-                and module.__file__ not in paths):
+        uses_it = "background_builds" in getattr(item, "fixturenames", ())
+        if uses_it and callable(getattr(module, HOOK, None)) and module.__file__ not in paths:
             paths.append(module.__file__)
     if not paths:
         return
@@ -77,7 +87,7 @@ def _lowest_priority():
 def background_builds():
     """The folder the background builds go into (see this file's docstring): a pathlib.Path."""
     global _folder
-    if _folder is None:  # no background build was started (--collect-only, say): an empty one
+    if _folder is None:  # none started (a test reached it by request.getfixturevalue): an empty one
         _folder = tempfile.mkdtemp(prefix="eml-background-builds-")
     return pathlib.Path(_folder)
 

@@ -485,7 +485,8 @@ def test_06_vs_08_python_versions(stage06):
 # -- the wheel: abi3, installed into a fresh venv, smoke-tested there (SLOW: one wheel build) ------
 def test_abi3_wheel_installs_into_a_fresh_venv(tmp_path):
     """`pip wheel --no-build-isolation --no-deps` builds the wheel (in the stage's own build/
-    folder, so after `make` ninja recompiles nothing); the wheel is installed into a fresh venv,
+    folder, so under `make test`, after `make`, ninja recompiles nothing; run alone, without make's
+    CFLAGS, it compiles again); the wheel is installed into a fresh venv,
     which is then lent this environment's torch and numpy through a .pth file written after the
     install (a fresh venv has no torch, and downloading one is not the point), and a smoke test
     runs there against F.linear."""
