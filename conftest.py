@@ -47,7 +47,7 @@ for path in sys.argv[2:]:
         runpy.run_path(path)["build_in_background"](folder)
         print(f"built for {path} in {time.perf_counter() - start:.0f} s", flush=True)
     except BaseException:
-        print(f"FAILED for {path} (its tests build it again and report):", flush=True)
+        print(f"FAILED for {path} (its tests fail too):", flush=True)
         traceback.print_exc()
         sys.stdout.flush()
 """
