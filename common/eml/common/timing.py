@@ -16,6 +16,7 @@ import dataclasses
 import os
 import platform
 import statistics
+import time
 
 import torch
 from torch.utils import benchmark
@@ -82,6 +83,38 @@ def _median_and_spread(times):
     return median, (quartiles[2] - quartiles[0]) / median
 
 
+def timed_blocks(call, min_run_time, num_threads):
+    """Seconds per call of ``call()``, one value per timed block, on ``num_threads`` threads.
+
+    torch.utils.benchmark's ``blocked_autorange`` first runs a statement to choose how many calls
+    make a block, then runs blocks until ``min_run_time`` is spent: a call that alone outlasts
+    min_run_time runs twice for one value. Such calls take seconds here (the textbook loops at the
+    large shapes, bfloat16 on a CPU without bf16 kernels), so ``call()`` is run once first: when that
+    one call outlasts min_run_time it is the value; otherwise it was the warm-up, and
+    blocked_autorange times the call.
+    """
+    with benchmark.utils.common.set_torch_threads(num_threads):
+        start = time.perf_counter()
+        call()
+        seconds = time.perf_counter() - start
+    if seconds >= min_run_time:
+        return [seconds]
+    timer = benchmark.Timer("call()", globals={"call": call}, num_threads=num_threads)
+    return timer.blocked_autorange(min_run_time=min_run_time).times
+
+
+def _inference_call(layer, input):
+    def forward():
+        with torch.no_grad():
+            layer(input)
+    return forward
+
+
+def _training_call(layer, input, grad_output):
+    params = [input, *layer.parameters()]
+    return lambda: torch.autograd.grad(layer(input), params, grad_output)
+
+
 def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_time=0.1, seed=0):
     """Time each ``makers[label](in, out)`` layer on one (N, in, out) shape.
 
@@ -99,21 +132,17 @@ def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_t
     # torch.utils.benchmark.Timer runs on ONE thread unless told otherwise: time every layer
     # with the threads the process has (all its cores, by torch's default), as a training loop would run.
     threads = torch.get_num_threads()
-    timers = {}
+    calls = {}
     for label, make in makers.items():
         layer = make(in_features, out_features).to(dtype)
         layer.load_state_dict(reference.state_dict())
-        env = {"layer": layer, "x": input, "g": grad_output, "params": [input, *layer.parameters()], "torch": torch}
-        timers[label] = (
-            benchmark.Timer("with torch.no_grad(): layer(x)", globals=env, label=label, num_threads=threads),
-            benchmark.Timer("torch.autograd.grad(layer(x), params, g)", globals=env, label=label, num_threads=threads),
-        )
+        calls[label] = (_inference_call(layer, input), _training_call(layer, input, grad_output))
 
     samples = {label: ([], []) for label in makers}
     for _ in range(rounds):
-        for label, (forward, training) in timers.items():
-            samples[label][0].extend(forward.blocked_autorange(min_run_time=min_run_time).times)
-            samples[label][1].extend(training.blocked_autorange(min_run_time=min_run_time).times)
+        for label, (forward, training) in calls.items():
+            samples[label][0].extend(timed_blocks(forward, min_run_time, threads))
+            samples[label][1].extend(timed_blocks(training, min_run_time, threads))
 
     results = []
     for label, (forward_times, training_times) in samples.items():

@@ -23,7 +23,6 @@ import statistics
 import time
 
 import torch
-from torch.utils import benchmark
 
 from eml.common import op_checks, timing
 
@@ -34,12 +33,12 @@ MLP_BATCH, MLP_SIZES, MLP_ACTIVATIONS = 512, (768, 3072, 768), (torch.nn.GELU,)
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def _median_us(timers, rounds, min_run_time):
-    """Median microseconds of each timer, over interleaved rounds."""
-    times = {label: [] for label in timers}
+def _median_us(calls, rounds, min_run_time):
+    """Median microseconds of each call, over interleaved rounds, on all threads."""
+    times = {label: [] for label in calls}
     for _ in range(rounds):
-        for label, timer in timers.items():
-            times[label] += [t * 1e6 for t in timer.blocked_autorange(min_run_time=min_run_time).times]
+        for label, call in calls.items():
+            times[label] += [t * 1e6 for t in timing.timed_blocks(call, min_run_time, torch.get_num_threads())]
     return {label: statistics.median(values) for label, values in times.items()}
 
 
@@ -55,6 +54,18 @@ def _dispatch_table(layers, quick):
     print(flush=True)
 
 
+def _inference_call(model, x):
+    def forward():
+        with torch.no_grad():
+            model(x)
+    return forward
+
+
+def _training_call(model, x):
+    params = list(model.parameters())
+    return lambda: torch.autograd.grad(model(x).sum(), params)
+
+
 def _outputs_and_grads(model, x):
     """Output and every parameter's gradient (x as the timing uses it: no gradient, so a compiled
     model is not compiled again for an input that requires one)."""
@@ -68,10 +79,11 @@ def _relative_error(got, want):
     return (got.float() - want.float()).abs().max().item() / (scale if scale > 0 else 1.0)
 
 
-def _check(label, layers_model, reference_model, x, dtype):
-    """Max error relative to each tensor's size, compiled MLP against compiled nn.Linear MLP."""
+def _check(label, layers_model, reference, x, dtype):
+    """Max error relative to each tensor's size, compiled MLP against the compiled nn.Linear MLP's
+    output and gradients (``reference``, from _outputs_and_grads: computed once for every stage)."""
     names = ["out"] + [f"d{i}" for i in range(len(list(layers_model.parameters())))]
-    errors = [_relative_error(g, w) for g, w in zip(_outputs_and_grads(layers_model, x), _outputs_and_grads(reference_model, x))]
+    errors = [_relative_error(g, w) for g, w in zip(_outputs_and_grads(layers_model, x), reference)]
     limit = 1e-4 if dtype == torch.float32 else 5e-2
     worst = max(errors)
     ok = worst < limit and not math.isnan(worst)
@@ -82,7 +94,6 @@ def _check(label, layers_model, reference_model, x, dtype):
 
 def _compiled_tables(layers):
     ok = True
-    threads = torch.get_num_threads()
     layer_flops = [2 * MLP_BATCH * i * o for i, o in zip(MLP_SIZES[:-1], MLP_SIZES[1:])]
     flops = sum(layer_flops)
     # The timed step asks for the parameters' gradients only: x needs none, so every layer
@@ -92,7 +103,7 @@ def _compiled_tables(layers):
     for dtype in DTYPES:
         x = torch.randn(MLP_BATCH, MLP_SIZES[0], generator=torch.Generator().manual_seed(0)).to(dtype)
         makers = {BASELINE: torch.nn.Linear, **layers}
-        timers, start = {}, time.perf_counter()
+        calls, start = {}, time.perf_counter()
         compiled = {}
         # Every compiled module enters dynamo through one shared wrapper frame, whose recompile
         # limit (8 by default) counts the graphs of all of them: with three MLPs, two grad modes
@@ -103,20 +114,15 @@ def _compiled_tables(layers):
         for label, make in makers.items():
             model = op_checks.mlp(make, MLP_SIZES, dtype=dtype, activations=MLP_ACTIVATIONS)
             compiled[label] = torch.compile(model, dynamic=False)  # inductor
-            params = list(model.parameters())
-            env = {"model": compiled[label], "x": x, "params": params, "torch": torch}
-            timers[label] = (
-                benchmark.Timer("with torch.no_grad(): model(x)", globals=env, num_threads=threads),
-                benchmark.Timer("torch.autograd.grad(model(x).sum(), params)", globals=env, num_threads=threads),
-            )
-            with torch.no_grad():
-                compiled[label](x)  # compile the inference graph now, not inside the timing
-            torch.autograd.grad(compiled[label](x).sum(), params)  # and the training graphs
+            calls[label] = (_inference_call(compiled[label], x), _training_call(compiled[label], x))
+            calls[label][0]()  # compile the inference graph now, not inside the timing
+            calls[label][1]()  # and the training graphs
         print(f"  compiled {len(makers)} MLPs in {str(dtype).removeprefix('torch.')} in {time.perf_counter() - start:.0f} s", flush=True)
+        reference = _outputs_and_grads(compiled[BASELINE], x)
         for label in layers:
-            ok &= _check(label, compiled[label], compiled[BASELINE], x, dtype)
-        forward = _median_us({label: pair[0] for label, pair in timers.items()}, rounds=3, min_run_time=0.2)
-        training = _median_us({label: pair[1] for label, pair in timers.items()}, rounds=3, min_run_time=0.2)
+            ok &= _check(label, compiled[label], reference, x, dtype)
+        forward = _median_us({label: pair[0] for label, pair in calls.items()}, rounds=3, min_run_time=0.2)
+        training = _median_us({label: pair[1] for label, pair in calls.items()}, rounds=3, min_run_time=0.2)
         for label in makers:
             rows.append((label, dtype, forward[label], training[label],
                          forward[BASELINE] / forward[label], training[BASELINE] / training[label]))
@@ -143,8 +149,9 @@ def tour_section(stages, quick):
         # No torch.compile in quick mode (tens of seconds per model): the eager MLP, checked.
         ok = True
         x = torch.randn(5, 16)
+        reference = _outputs_and_grads(op_checks.mlp(torch.nn.Linear), x)
         for label, make in compile_layers.items():
-            ok &= _check(label, op_checks.mlp(make), op_checks.mlp(torch.nn.Linear), x, torch.float32)
+            ok &= _check(label, op_checks.mlp(make), reference, x, torch.float32)
         print("  (quick: compiled-MLP timing skipped)")
         return ok
     return _compiled_tables(compile_layers)
