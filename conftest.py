@@ -7,15 +7,16 @@ suite (small tensors, Python-bound) leaves the second core of a 2-core machine m
 
 So a test module may define `build_in_background(folder)`: the same build its tests make, into
 `folder`. When the session has collected its tests, this file starts one process, at the lowest
-priority (nice 19: it takes only the cycles the tests leave), that calls the function of each
-module with a selected test that uses the fixture, in turn, in collection order. The tests then
-make their build again in the same folder (fixture `background_builds`) and find it done, or
-wait for it: torch's JIT build waits on its lock file; the install routes take a lock of their
-own. If a build fails in the background, the install route's test installs again and shows why;
-a JIT test fails to load the module, and the compiler's error is in the session's summary: the
-process's output lands in background.log in the folder, and in that summary at the end, when the
-folder goes. The process stops itself (and its compilers) if pytest goes first, killed by
-`timeout`, say.
+priority (nice 19 for its session's autogroup: it takes only the cycles the tests and the
+notebooks' kernels leave), that calls the function of each module with a selected test that uses
+the fixture, in turn, in collection order. The tests then make their build again in the same
+folder (fixture `background_builds`) and find it done, or wait for it; they run last of all
+(pytest_collection_modifyitems below), so that there is little to wait. torch's JIT build waits
+on its lock file; the install routes take a lock of their own. If a build fails in the
+background, the install route's test installs again and shows why; a JIT test fails to load the
+module, and the compiler's error is in the session's summary: the process's output lands in
+background.log in the folder, and in that summary at the end, when the folder goes. The process
+stops itself (and its compilers) if pytest goes first, killed by `timeout`, say.
 """
 
 import os
@@ -57,6 +58,18 @@ _process = None
 _log = []  # the background process's output, kept for the summary
 
 
+def pytest_collection_modifyitems(items):
+    """The tests that use the background builds run last, in their order: the other tests run
+    while the builds compile. (A test that reaches its build before the background has made it
+    waits for it, and leaves a core idle: stage 11's JIT test and stage 12's emulated kernels
+    each waited about 50 s in their place.) Module-scoped fixtures of a module split in two are
+    simply set up again for its second part."""
+    last = [item for item in items if "background_builds" in getattr(item, "fixturenames", ())]
+    if last:
+        first = [item for item in items if "background_builds" not in getattr(item, "fixturenames", ())]
+        items[:] = first + last
+
+
 def pytest_collection_finish(session):
     global _folder, _process
     if session.config.option.collectonly:
@@ -76,10 +89,23 @@ def pytest_collection_finish(session):
 
 
 def _lowest_priority():
-    """In the child: a process group of its own (so that its compilers can be stopped with it),
-    but not a session of its own: Linux's autogroup scheduling gives each session an equal share
-    of the CPU whatever its processes' nice values, and the builds would take a whole core."""
-    os.setpgid(0, 0)
+    """In the child: the lowest priority there is, for it and for the compilers it starts.
+
+    Linux's autogroup scheduling (on by default on desktop and server kernels) shares the CPU
+    between sessions first and only then, inside each session, by nice values: a session's
+    processes all together get as much as any other session's. The notebooks' kernels run in
+    sessions of their own (jupyter starts them so), so a builder in pytest's session, at nice 19,
+    still took one of two cores from a kernel's two OpenMP threads, and the notebooks' training
+    cells ran 4 to 10 times slower beside it. So the child starts a session of its own (also a
+    process group of its own: its compilers are stopped with it) and gives that session's
+    autogroup nice 19. Raising a nice value needs no privilege; where the kernel has no
+    autogroups the file is absent, and the process's own nice 19 is what counts."""
+    os.setsid()
+    try:
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write("19")
+    except OSError:
+        pass
     os.nice(19)
 
 

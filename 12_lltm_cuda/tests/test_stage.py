@@ -479,8 +479,11 @@ BUILT = getattr(PACKAGE.lltm, "_C", None) is not None
 
 
 @pytest.fixture(params=["emulated on the CPU", "cuda"])
-def stage(request):
-    """(package, device): the package whose LLTMFunction runs, and where its tensors live."""
+def stage(request, background_builds):
+    """(package, device): the package whose LLTMFunction runs, and where its tensors live.
+    (background_builds, unused here, marks these tests as ones that wait on the background
+    builds, which the root conftest.py runs last: the CPU case reaches the emulated build through
+    request.getfixturevalue, which pytest cannot see before the test runs.)"""
     if request.param == "cuda":
         if not HAS_GPU or not BUILT:
             pytest.skip(NO_GPU if not HAS_GPU else "eml.lltm_cuda is not installed")
