@@ -1,19 +1,21 @@
 """The two install routes each stage README gives work inside the set-up's environment:
 the course's `python setup.py install` and `pip install --no-build-isolation .`.
 
-Each route installs a copy of a stage into a temporary prefix (not into .venv, which `make`
-owns); a fresh interpreter then imports the stage from there, runs it, and finds its tour
+Each route installs a copy of a stage (or the stage itself) into a temporary prefix (not into
+.venv, which `make` owns); a fresh interpreter then imports the stage from there, runs it, and finds its tour
 entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones, stage 06
 for the one that links a third-party library (LIBXSMM), stage 08 for the abi3 build of
 registered operators, and stage 13 for the one whose build makes a plain C shared library
 beside the package. The C++ stages 03, 06 and 08 go by `setup.py install` only: `make` has
-built and installed each of them the pip way already (CASES below).
+built and installed each of them the pip way already (CASES below); 06 and 08 are installed
+from their own folders, where `make` compiled them (IN_PLACE below).
 
 Each case works in a folder of its own under the session's `background_builds` (the root
 conftest.py): `build_in_background` below makes every install there as the session begins, at
 low priority, and each test then makes its install again in the same folder, which finds the
 compiling done (or waits on the case's lock until it is). These tests run last (pytest.ini's
-testpaths), so that the builds have the whole session to finish in.
+testpaths, and the root conftest.py runs the tests that use background builds last of all), so
+that the builds have the whole session to finish in.
 """
 
 import contextlib
@@ -45,6 +47,14 @@ MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp
 PIP_ROUTE_BUILT_ELSEWHERE = {"03_hello_cpp", "06_tpp", "08_custom_op"}
 CASES = [(route, stage) for stage in sorted(RUN) for route in ROUTES
          if not (stage in PIP_ROUTE_BUILT_ELSEWHERE and route != "setup.py install")]
+# Stages 06 and 08 take one to two minutes each to compile on 2 cores, and `make` has compiled both
+# in their own build/ folders with the same setup.py, compiler flags and ninja (its pip route). So
+# these two go by setup.py install from the stage folder itself, as a student runs the route there
+# after `make`: ninja finds every object up to date, and setup.py links and installs, in seconds.
+# Stage 03 is copied and compiled from scratch: the setup.py route's compile of a C++ stage.
+# (The background skips the two: nothing to compile, and 08's build/ folder is also where its
+# wheel test builds.)
+IN_PLACE = {"06_tpp", "08_custom_op"}
 
 CHECK = """
 import sys, importlib, importlib.metadata
@@ -68,10 +78,10 @@ def case_folder(folder, route, stage):
 
 
 def install(route, stage, work):
-    """Install a copy of the stage (made once, in work/src) by route into work/prefix; a second
-    install of the same copy finds its build done."""
-    source = work / "src"
-    if not (work / "copied").exists():  # not yet, or a copy cut short
+    """Install a copy of the stage (made once, in work/src), or the stage itself (IN_PLACE), by
+    route into work/prefix; a second install of the same copy finds its build done."""
+    source = ROOT / stage if stage in IN_PLACE else work / "src"
+    if stage not in IN_PLACE and not (work / "copied").exists():  # not yet, or a copy cut short
         shutil.rmtree(source, ignore_errors=True)
         shutil.copytree(ROOT / stage, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         (work / "copied").touch()
@@ -94,6 +104,8 @@ def build_in_background(folder):
     """Every case's install, which the root conftest.py starts as the session begins (see there),
     but for a case whose test came first."""
     for route, stage in CASES:
+        if stage in IN_PLACE:
+            continue
         with case_folder(folder, route, stage) as work:
             if (work / "tested").exists():
                 continue
