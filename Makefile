@@ -47,7 +47,15 @@ setup:
 	@start=$$(date +%s); $(MAKE) --no-print-directory --jobs=$(JOBS) stamps \
 	    && echo "==> set-up done: $(words $(STAGES)) stage(s) installed in $(VENV) ($$(( $$(date +%s) - start )) s)"
 
-stamps: $(STAMPS)/libxsmm $(STAMPS)/common $(STAGES:%=$(STAMPS)/%)
+# Build order: the stages whose C++ is one translation unit (or none) first, those with several
+# last. One unit is one compiler on one core; ninja compiles a stage's several units side by side.
+# So the builds still running at the end can use both cores, instead of one single-unit stage
+# finishing alone on one (stage 17 did, for its last minute, when the order was by number).
+units = $(words $(wildcard $(1)/src/*.cpp $(1)/src/*.cu))
+ONE_UNIT    := $(foreach stage,$(STAGES),$(if $(filter 0 1,$(call units,$(stage))),$(stage)))
+BUILD_ORDER := $(ONE_UNIT) $(filter-out $(ONE_UNIT),$(STAGES))
+
+stamps: $(STAMPS)/libxsmm $(STAMPS)/common $(BUILD_ORDER:%=$(STAMPS)/%)
 
 # 1. The virtual environment with the pinned packages (torch 2.13.0: the CPU build where pip has it; README).
 $(STAMPS)/venv: requirements.txt
