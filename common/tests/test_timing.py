@@ -1,4 +1,5 @@
-"""timing.timed_blocks runs a slow call once per round and times a fast one in blocks.
+"""timing.timed_blocks runs a slow call once per round and times a fast one in blocks, and
+timing.interleaved times a call over ONE_ROUND_S in the first round only.
 
 blocked_autorange runs a statement once to size its blocks and again to time them; for a call
 that alone outlasts min_run_time (seconds, for the textbook loops at the tour's large shapes)
@@ -42,6 +43,21 @@ def test_the_calls_run_on_the_threads_asked_for():
     timing.timed_blocks(lambda: threads.append(torch.get_num_threads()), min_run_time=0.001, num_threads=1)
     assert set(threads) == {1}
     assert torch.get_num_threads() == before
+
+
+def test_a_call_over_one_round_s_is_timed_in_the_first_round_only(monkeypatch):
+    monkeypatch.setattr(timing, "ONE_ROUND_S", 0.02)
+    slow, slow_calls = counting(seconds=0.03)
+    medium, medium_calls = counting(seconds=0.011)  # over min_run_time (one call per block), under ONE_ROUND_S
+    times = timing.interleaved({"slow": slow, "medium": medium}, rounds=3, min_run_time=0.01, num_threads=1)
+    assert len(slow_calls) == 1 and len(times["slow"]) == 1
+    assert len(medium_calls) == 3 and len(times["medium"]) == 3
+
+
+def test_a_single_value_has_no_spread_and_the_table_says_so():
+    row = timing.Timing("slow", (3, 5, 7), 10.0, None, 30.0, 0.25)
+    table = timing.format_table([row], "slow")
+    assert table.splitlines()[-1].split()[2:6] == ["10.0", "-", "30.0", "25"]
 
 
 def test_time_layers_gives_every_layer_both_timings():

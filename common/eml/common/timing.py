@@ -4,7 +4,9 @@ Every layer is timed in the same process, on the same input and the same weights
 interleaved rounds (round 1: every layer, round 2: every layer, ...) so that a slow drift of
 the machine (another process, the clock) hits all of them alike. Reported: the median over
 all measured blocks and the spread (interquartile range relative to the median; with fewer than
-4 blocks, the range, max - min, relative to the median).
+4 blocks, the range, max - min, relative to the median; none for a single value). A call that
+alone outlasts a block is one block (timed_blocks), and one that lasts over ONE_ROUND_S is timed
+in the first round only (interleaved).
 
 FLOPs: one GEMM of an (N x in) input with an (in x out) weight costs 2*N*in*out.
 The forward pass is one GEMM; forward+backward is three (output, grad_input, grad_weight).
@@ -61,9 +63,9 @@ class Timing:
     label: str
     shape: tuple
     forward_us: float
-    forward_spread: float   # IQR / median (range / median below 4 samples)
-    training_us: float      # forward + backward
-    training_spread: float
+    forward_spread: float | None   # IQR / median (range / median below 4 samples; None for 1)
+    training_us: float             # forward + backward
+    training_spread: float | None
 
     @property
     def forward_gflops(self):
@@ -77,6 +79,8 @@ class Timing:
 def _median_and_spread(times):
     times = sorted(times)
     median = statistics.median(times)
+    if len(times) == 1:
+        return median, None
     if len(times) < 4:
         return median, (times[-1] - times[0]) / median
     quartiles = statistics.quantiles(times, n=4)
@@ -101,6 +105,26 @@ def timed_blocks(call, min_run_time, num_threads):
         return [seconds]
     timer = benchmark.Timer("call()", globals={"call": call}, num_threads=num_threads)
     return timer.blocked_autorange(min_run_time=min_run_time).times
+
+
+# A call slower than this (stage 05's textbook loops on the large shapes, bf16 torch.nn.Linear's
+# backward on a CPU without bf16 kernels: 20 to 50 times the rows beside it) is timed in the
+# first round only: two more rounds of it would add tens of seconds to the tour and nothing to
+# what its row says.
+ONE_ROUND_S = 1.0
+
+
+def interleaved(calls: dict, rounds, min_run_time, num_threads):
+    """Seconds per call of each ``calls[key]()`` over interleaved rounds (round 1: every call,
+    round 2: every call, ...), one value per timed block (timed_blocks); a call whose first
+    round took over ONE_ROUND_S per call is not timed again. Returns {key: [seconds, ...]}."""
+    samples = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            if samples[key] and min(samples[key]) > ONE_ROUND_S:
+                continue
+            samples[key] += timed_blocks(call, min_run_time, num_threads)
+    return samples
 
 
 def _inference_call(layer, input):
@@ -136,27 +160,28 @@ def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_t
     for label, make in makers.items():
         layer = make(in_features, out_features).to(dtype)
         layer.load_state_dict(reference.state_dict())
-        calls[label] = (_inference_call(layer, input), _training_call(layer, input, grad_output))
-
-    samples = {label: ([], []) for label in makers}
-    for _ in range(rounds):
-        for label, (forward, training) in calls.items():
-            samples[label][0].extend(timed_blocks(forward, min_run_time, threads))
-            samples[label][1].extend(timed_blocks(training, min_run_time, threads))
+        calls[label, "forward"] = _inference_call(layer, input)
+        calls[label, "training"] = _training_call(layer, input, grad_output)
+    samples = interleaved(calls, rounds, min_run_time, threads)
 
     results = []
-    for label, (forward_times, training_times) in samples.items():
-        forward_us, forward_spread = _median_and_spread([t * 1e6 for t in forward_times])
-        training_us, training_spread = _median_and_spread([t * 1e6 for t in training_times])
+    for label in makers:
+        forward_us, forward_spread = _median_and_spread([t * 1e6 for t in samples[label, "forward"]])
+        training_us, training_spread = _median_and_spread([t * 1e6 for t in samples[label, "training"]])
         results.append(Timing(label, tuple(shape), forward_us, forward_spread, training_us, training_spread))
     return results
+
+
+def _percent(spread):
+    return "-" if spread is None else f"{100 * spread:.0f}"
 
 
 def format_table(timings, baseline_label, peak_gflops=None):
     """A text table: one row per (shape, layer); speed-ups are relative to baseline_label.
 
     The +-% columns are each timing's spread, its interquartile range over the median (its range
-    below 4 samples): a speed-up smaller than the two rows' spreads is no speed-up."""
+    below 4 samples, "-" for a single one): a speed-up smaller than the two rows' spreads is no
+    speed-up."""
     header = (f"{'stage':<22} {'N x in x out':>16} {'fwd us':>10} {'+-%':>4} {'fwd+bwd us':>11} {'+-%':>4}"
               f" {'fwd GF/s':>9} {'f+b GF/s':>9}")
     if peak_gflops:
@@ -171,8 +196,8 @@ def format_table(timings, baseline_label, peak_gflops=None):
         previous_shape = t.shape
         base = baselines.get(t.shape)
         shape = "x".join(str(s) for s in t.shape)
-        row = (f"{t.label:<22} {shape:>16} {t.forward_us:>10.1f} {100 * t.forward_spread:>4.0f}"
-               f" {t.training_us:>11.1f} {100 * t.training_spread:>4.0f}"
+        row = (f"{t.label:<22} {shape:>16} {t.forward_us:>10.1f} {_percent(t.forward_spread):>4}"
+               f" {t.training_us:>11.1f} {_percent(t.training_spread):>4}"
                f" {t.forward_gflops:>9.1f} {t.training_gflops:>9.1f}")
         if peak_gflops:
             row += f" {100 * t.forward_gflops / peak_gflops:>6.0f}% {100 * t.training_gflops / peak_gflops:>6.0f}%"

@@ -35,11 +35,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 def _median_us(calls, rounds, min_run_time):
     """Median microseconds of each call, over interleaved rounds, on all threads."""
-    times = {label: [] for label in calls}
-    for _ in range(rounds):
-        for label, call in calls.items():
-            times[label] += [t * 1e6 for t in timing.timed_blocks(call, min_run_time, torch.get_num_threads())]
-    return {label: statistics.median(values) for label, values in times.items()}
+    times = timing.interleaved(calls, rounds, min_run_time, torch.get_num_threads())
+    return {label: 1e6 * statistics.median(values) for label, values in times.items()}
 
 
 def _dispatch_table(layers, quick):
