@@ -127,10 +127,11 @@ def interleaved(calls: dict, rounds, min_run_time, num_threads):
     return samples
 
 
-def _inference_call(layer, input):
+def inference_call(module, input):
+    """A call of module(input) under torch.no_grad(), to time an inference forward."""
     def forward():
         with torch.no_grad():
-            layer(input)
+            module(input)
     return forward
 
 
@@ -160,7 +161,7 @@ def time_layers(makers: dict, shape, *, dtype=torch.float32, rounds=3, min_run_t
     for label, make in makers.items():
         layer = make(in_features, out_features).to(dtype)
         layer.load_state_dict(reference.state_dict())
-        calls[label, "forward"] = _inference_call(layer, input)
+        calls[label, "forward"] = inference_call(layer, input)
         calls[label, "training"] = _training_call(layer, input, grad_output)
     samples = interleaved(calls, rounds, min_run_time, threads)
 

@@ -51,13 +51,6 @@ def _dispatch_table(layers, quick):
     print(flush=True)
 
 
-def _inference_call(model, x):
-    def forward():
-        with torch.no_grad():
-            model(x)
-    return forward
-
-
 def _training_call(model, x):
     params = list(model.parameters())
     return lambda: torch.autograd.grad(model(x).sum(), params)
@@ -111,7 +104,7 @@ def _compiled_tables(layers):
         for label, make in makers.items():
             model = op_checks.mlp(make, MLP_SIZES, dtype=dtype, activations=MLP_ACTIVATIONS)
             compiled[label] = torch.compile(model, dynamic=False)  # inductor
-            calls[label] = (_inference_call(compiled[label], x), _training_call(compiled[label], x))
+            calls[label] = (timing.inference_call(compiled[label], x), _training_call(compiled[label], x))
             calls[label][0]()  # compile the inference graph now, not inside the timing
             calls[label][1]()  # and the training graphs
         print(f"  compiled {len(makers)} MLPs in {str(dtype).removeprefix('torch.')} in {time.perf_counter() - start:.0f} s", flush=True)
