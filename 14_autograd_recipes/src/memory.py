@@ -39,6 +39,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from eml.common.timing import cpu_name  # the CPU with its family, model and vector extension
+
 from .conv_bn import FusedConvBN, FusedConvBNFunctionByFormula
 
 KINDS = ("torch", "pieces", "fused", "fused_formula")
@@ -158,18 +160,6 @@ def rss_peak(kind, batch, steps, channels):
 
 
 # ---- 4. The report ----
-def cpu_line():
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
-
-
 def measure(batch=128, steps=3, channels=(32, 64), rss=3):
     """{kind: {figure: bytes}} for the four versions of the net."""
     input, target = make_data(batch)
@@ -199,7 +189,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     batch, channels = (8, (4, 8)) if args.quick else (args.batch, (32, 64))
     results = measure(batch, args.steps, channels, rss=0 if args.quick else args.rss_runs)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU: {cpu_line()}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU: {cpu_name()}")
     print(f"net: conv{channels[0]}+BN+ReLU, conv{channels[1]}+BN+ReLU, maxpool, linear 128, linear 10; "
           f"batch {batch} x 1x28x28 float32, {args.steps} SGD steps")
     rows = [("saved for backward: activations", "activations"), ("saved for backward: parameters", "parameters"),
