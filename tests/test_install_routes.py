@@ -2,13 +2,13 @@
 the course's `python setup.py install` and `pip install --no-build-isolation .`.
 
 Each route installs a copy of a stage (or the stage itself) into a temporary prefix (not into
-.venv, which `make` owns); a fresh interpreter then imports the stage from there, runs it, and finds its tour
-entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones, stage 06
-for the one that links a third-party library (LIBXSMM), stage 08 for the abi3 build of
-registered operators, and stage 13 for the one whose build makes a plain C shared library
-beside the package. The C++ stages 03, 06 and 08 go by `setup.py install` only: `make` has
-built and installed each of them the pip way already (CASES below); 06 and 08 are installed
-from their own folders, where `make` compiled them (IN_PLACE below).
+.venv, which `make` owns); a fresh interpreter then imports the stage from there, runs it, and
+finds its tour entry point. Stage 02 stands for the Python stages, stage 03 for the C++ ones,
+stage 06 for the one that links a third-party library (LIBXSMM), stage 08 for the abi3 build of
+registered operators, and stage 13 for the one whose build makes a plain C shared library beside
+the package. The C++ stages 03, 06 and 08 go by `setup.py install` only: `make` has built and
+installed each of them the pip way already (CASES below); 06 and 08 are installed from their own
+folders, where `make` compiled them (IN_PLACE below).
 
 Each case works in a folder of its own under the session's `background_builds` (the root
 conftest.py): `build_in_background` below makes every install there as the session begins, at
