@@ -1,10 +1,12 @@
 """Where stage 17's time goes, per call, in microseconds: the C++ passes, their fused element-wise
-part, stage 11's passes (ATen's GEMMs) beside them where stage 11 is installed, and what the
-module adds around the passes, for the C++ autograd node (_C.cell, what LLTM.forward calls) and
-for the Python LLTMFunction.
+part, the same passes with one kernel per thread (no blocks, section 3c of lltm.cpp), stage 11's
+passes (ATen's GEMMs) beside them where stage 11 is installed, and what the module adds around
+the passes, for the C++ autograd node (_C.cell, what LLTM.forward calls) and for the Python
+LLTMFunction.
 
-    python 17_lltm_xsmm/breakdown.py            # both benchmark shapes, all threads
+    python 17_lltm_xsmm/breakdown.py                      # both benchmark shapes, all threads
     python 17_lltm_xsmm/breakdown.py --threads 1
+    python 17_lltm_xsmm/breakdown.py --block-sizes 32,128 # other blocks (depth, rows; 0: none)
 
 Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (new in 17:
 single runs of stage 11's version moved by 30 % between runs on a 2-core Zen 5 virtual machine), float32, inputs
@@ -37,6 +39,16 @@ def median_us(statements, env, threads, rounds=3, min_run_time=0.1):
     return {label: statistics.median(values) * 1e6 for label, values in times.items()}
 
 
+def unblocked(function, *arguments):
+    """function(*arguments) with one kernel per thread (block sizes 0), the blocks restored after."""
+    blocks = _C.block_sizes()
+    _C.set_block_sizes(0, 0)
+    try:
+        return function(*arguments)
+    finally:
+        _C.set_block_sizes(*blocks)
+
+
 def breakdown(shape, threads):
     batch, features, state = shape
     torch.manual_seed(0)
@@ -46,15 +58,17 @@ def breakdown(shape, threads):
     new_h, new_cell, gates = _C.forward(x, weights, bias, h, c)
     grad_h, grad_cell = torch.randn(batch, state), torch.randn(batch, state)
     X = torch.cat([h, x], 1)
-    env = dict(_C=_C, stage11=stage11, torch=torch, cell=cell, LLTMFunction=LLTMFunction, x=x, h=h, c=c, w=weights,
+    env = dict(_C=_C, unblocked=unblocked, stage11=stage11, torch=torch, cell=cell, LLTMFunction=LLTMFunction, x=x, h=h, c=c, w=weights,
                b=bias, gates=gates, new_cell=new_cell, gh=grad_h, gc=grad_cell, X=X)
     step = "cell.zero_grad(set_to_none=True); torch.autograd.backward({}, (gh, gc))"
     rows = {
         "C++ forward (_C.forward)": "_C.forward(x, w, b, h, c)",
         "  of which the fused pass (_C.forward_pass)": "_C.forward_pass(gates, c)",
+        "  its GEMM as one kernel per thread (no blocks)": "unblocked(_C.forward, x, w, b, h, c)",
         "  stage 11's forward (ATen's GEMM)": "stage11.forward(x, w, b, h, c)",
         "  stage 11's GEMM alone (cat + addmm)": "torch.addmm(b, torch.cat([h, x], 1), w.t())",
         "C++ backward (_C.backward)": "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
+        "  its GEMMs as one kernel per thread (no blocks)": "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)",
         "  stage 11's backward (ATen's GEMMs)": "stage11.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
         "  stage 11's d_weights alone (cat + mm)": "gates.t().mm(torch.cat([h, x], 1))",
         "module forward + backward, _C.cell": step.format("cell(x, (h, c))"),
@@ -68,17 +82,24 @@ def breakdown(shape, threads):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--block-sizes", type=lambda text: tuple(int(v) for v in text.split(",")), default=None,
+                        metavar="DEPTH,ROWS", help="the GEMMs' block sizes (default: the module's, %s; 0: no blocks)"
+                        % ",".join(map(str, _C.block_sizes())))
     args = parser.parse_args(argv)
-    print(f"stage 17, where the time goes: float32, {args.threads} threads, median us per call; CPU: {cpu_name()}")
+    if args.block_sizes is not None:
+        _C.set_block_sizes(*args.block_sizes)
+    depth, rows = _C.block_sizes()
+    print(f"stage 17, where the time goes: float32, {args.threads} threads, median us per call, blocks {depth} deep "
+          f"and {rows} rows; CPU: {cpu_name()}")
     for shape in SHAPES:
         times = breakdown(shape, args.threads)
         print(f"  batch {shape[0]}, features {shape[1]}, state {shape[2]}:")
         for label, us in times.items():
-            print(f"    {label:46s} {us:8.1f}")
+            print(f"    {label:50s} {us:8.1f}")
         passes = times["C++ forward (_C.forward)"] + times["C++ backward (_C.backward)"]
         for label, short in (("module forward + backward, _C.cell", "_C.cell"),
                              ("the same through Python's LLTMFunction", "LLTMFunction")):
-            print(f"    {'beyond the two C++ passes, ' + short:46s} {times[label] - passes:8.1f}")
+            print(f"    {'beyond the two C++ passes, ' + short:50s} {times[label] - passes:8.1f}")
 
 
 if __name__ == "__main__":

@@ -17,11 +17,13 @@
 //   backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, need_d_X, need_d_weights)
 //     -> [d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell]
 //   simd_path() -> str, set_simd_path(str)                (which float32 copy runs, section 3b)
+//   block_sizes() -> (depth, rows), set_block_sizes(depth, rows)   (the GEMMs' blocks, section 3c)
 //
 // What changed since stage 11: section 3c (new) puts the GEMMs on LIBXSMM 1.17's kernels, which
 // stage 06 introduced for the linear layer, but without its loop nest: at these sizes (a batch
-// of 16 to 64 rows) one kernel per thread over a slice of the output's columns is the whole
-// product. The forward and backward call them instead of at::addmm and mm. Everything else is 11's.
+// of 16 to 64 rows) each thread computes a slice of the output's columns, a few kernel calls
+// over blocks of the inner dimension or of rows. The forward and backward call them instead of
+// at::addmm and mm. Everything else is 11's.
 // Build: pip install --no-build-isolation ./17_lltm_xsmm   (or JIT: eml.lltm_xsmm.jit.build())
 // LIBXSMM 1.17 first: sudo apt-get install -y libxsmm-dev (`make` at the root does it).
 
@@ -260,21 +262,23 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
 //   d_X        (B x K) = d_gates W           C = d_X^T (K x B) = d_X's memory; A = W^T = W's memory;
 //                                            B = d_gates^T = d_gates' memory
 //
-// At these sizes (B = 16 to 64 rows) one kernel per thread, over its slice of the output's columns
-// (rows of d_X^T), is the whole product: no tiles, no packing, no loop nest (stage 06 needs one for
-// matrices of thousands of rows). LIBXSMM keeps every kernel it generated in its registry, so the
-// dispatch of a known shape is a lookup.
+// At these sizes (B = 16 to 64 rows) each thread takes a slice of the output's columns (rows of
+// d_X^T) and computes it with a few kernel calls: the forward and d_X over blocks of their inner
+// dimension, d_weights over blocks of rows, each copied into a small panel first (the two block
+// sizes below say why). No tiles of C, no packed W, no loop nest of stage 06's kind (it needs one
+// for matrices of thousands of rows). LIBXSMM keeps every kernel it generated in its registry, so
+// the dispatch of a known shape is a lookup.
 
 // Per element type, the kernel's function-pointer type and LIBXSMM 1.17's dispatch for it:
-// C (m x n) = A (m x k) op(B), alpha = 1, beta = 0.
+// C (m x n) = A (m x k) op(B) + beta C, alpha = 1, beta = 0 (write C) or 1 (add to C).
 template <typename scalar_t>
 struct Xsmm;
 template <>
 struct Xsmm<float> {
   using Fn = libxsmm_smmfunction;
   static Fn dispatch(libxsmm_blasint m, libxsmm_blasint n, libxsmm_blasint k, libxsmm_blasint lda,
-                     libxsmm_blasint ldb, libxsmm_blasint ldc, int flags) {
-    const float alpha = 1.0f, beta = 0.0f;
+                     libxsmm_blasint ldb, libxsmm_blasint ldc, float beta, int flags) {
+    const float alpha = 1.0f;
     const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
     return libxsmm_smmdispatch(m, n, k, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
   }
@@ -283,8 +287,8 @@ template <>
 struct Xsmm<double> {
   using Fn = libxsmm_dmmfunction;
   static Fn dispatch(libxsmm_blasint m, libxsmm_blasint n, libxsmm_blasint k, libxsmm_blasint lda,
-                     libxsmm_blasint ldb, libxsmm_blasint ldc, int flags) {
-    const double alpha = 1.0, beta = 0.0;
+                     libxsmm_blasint ldb, libxsmm_blasint ldc, double beta, int flags) {
+    const double alpha = 1.0;
     const int prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
     return libxsmm_dmmdispatch(m, n, k, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
   }
@@ -295,15 +299,54 @@ struct Xsmm<double> {
 // a state of 0 makes d_X's k 0, a product LIBXSMM 1.17 returns a kernel for (tested).
 template <typename scalar_t>
 static typename Xsmm<scalar_t>::Fn xsmm_kernel(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-                                               bool trans_b) {
+                                               bool trans_b, bool accumulate = false) {
   for (const int64_t value : {m, n, k, lda, ldb, ldc}) {  // libxsmm_blasint is a 32-bit int in Debian's build
     TORCH_CHECK(value <= INT_MAX, kStage, ": a GEMM size of ", value, " does not fit LIBXSMM's 32-bit integers");
   }
-  const int flags = LIBXSMM_GEMM_FLAG_BETA_0 | (trans_b ? LIBXSMM_GEMM_FLAG_TRANS_B : 0);
-  const auto kernel = Xsmm<scalar_t>::dispatch(m, n, k, lda, ldb, ldc, flags);
+  const int flags = (accumulate ? 0 : LIBXSMM_GEMM_FLAG_BETA_0) | (trans_b ? LIBXSMM_GEMM_FLAG_TRANS_B : 0);
+  const auto kernel = Xsmm<scalar_t>::dispatch(m, n, k, lda, ldb, ldc, accumulate ? 1 : 0, flags);
   TORCH_CHECK(kernel != nullptr, kStage, ": LIBXSMM ", LIBXSMM_CONFIG_VERSION, " returned no kernel for C(", m, " x ",
-              n, ") = A(", m, " x ", k, ") ", trans_b ? "B^T" : "B", " with lda=", lda, " ldb=", ldb, " ldc=", ldc);
+              n, ") = ", accumulate ? "C + " : "", "A(", m, " x ", k, ") ", trans_b ? "B^T" : "B", " with lda=", lda,
+              " ldb=", ldb, " ldc=", ldc);
   return kernel;
+}
+
+// Two block sizes, each the answer to one slowdown of a single kernel per thread, measured by
+// breakdown.py (its "one kernel per thread" rows; README):
+// - depth_block: a kernel runs its whole k for each few columns of C, so it reads the rows of A
+//   it works on once per few columns. With k = 1152 (the benchmark's forward) that block of A
+//   is larger than L1 and comes from L2 every time; cut into k blocks of 64, it stays in L1.
+// - row_block: d_weights reads A = input's memory, whose columns (the input's rows) lie
+//   F floats apart: 4 KiB for F = 1024. Addresses 4 KiB apart share an L1 set, so a kernel
+//   walking such columns evicts its own data. A block of 64 rows of A, copied into a contiguous
+//   panel, is read without that conflict.
+// 0 means no blocks: one kernel over the whole dimension, on the operand where it lies.
+// Settable (set_block_sizes) so that breakdown.py can time both and the tests can use odd sizes.
+static std::atomic<int64_t> depth_block{64}, row_block{64};
+
+static std::pair<int64_t, int64_t> block_sizes() { return {depth_block.load(), row_block.load()}; }
+
+static void set_block_sizes(int64_t depth, int64_t rows) {
+  TORCH_CHECK(depth >= 0 && rows >= 0, kStage, ": block sizes must be >= 0 (0: no blocks), got depth ", depth,
+              " and rows ", rows);
+  depth_block.store(depth);
+  row_block.store(rows);
+}
+
+// C (m x n) = A (m x k) B (k x n), column-major, over k in blocks of depth_block: the first
+// block writes C, the others add to it. At least one kernel runs, so a k of 0 still writes C
+// (zeros).
+template <typename scalar_t>
+static void product_in_depth_blocks(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n, int64_t k,
+                                    int64_t lda, int64_t ldb, int64_t ldc) {
+  const int64_t step = depth_block.load() > 0 ? depth_block.load() : k;
+  int64_t first = 0;
+  do {
+    const int64_t depth = std::min(step, k - first);
+    const auto kernel = xsmm_kernel<scalar_t>(m, n, depth, lda, ldb, ldc, /*trans_b=*/false, /*accumulate=*/first > 0);
+    kernel(a + first * lda, b + first, c);  // A's columns first.., B's rows first..
+    first += depth;
+  } while (first < k);
 }
 
 // Cuts [0, n) into one slice per thread and runs body(first, last) on each, in parallel; a
@@ -340,8 +383,8 @@ static void gates_product(const scalar_t* input, const scalar_t* old_h, const sc
   }
   split_among_threads(columns, batch * columns * k, [&](int64_t first, int64_t last) {
     // gates[:, first:last] column-major (B x n) = X (B x K) . W^T[:, first:last] (K x n)
-    const auto kernel = xsmm_kernel<scalar_t>(batch, last - first, k, /*lda=*/batch, /*ldb=*/k, /*ldc=*/batch, false);
-    kernel(x_columns, weights + first * k, gates_columns + first * batch);
+    product_in_depth_blocks(x_columns, weights + first * k, gates_columns + first * batch, /*m=*/batch,
+                            /*n=*/last - first, k, /*lda=*/batch, /*ldb=*/k, /*ldc=*/batch);
     // back to row-major, the bias added on the way
     libxsmm_otrans(gates + first, gates_columns + first * batch, size, /*m=*/batch, /*n=*/last - first,
                    /*ldi=*/batch, /*ldo=*/columns);
@@ -358,13 +401,28 @@ static void d_weights_product(const scalar_t* d_gates, const scalar_t* input, co
   const int64_t k = state + features, rows = 3 * state;
   split_among_threads(rows, rows * k * batch, [&](int64_t first, int64_t last) {
     // d_weights^T[:, first:last] column-major (K x n) = X^T (K x B) . d_gates[:, first:last] (B x n),
-    // d_gates read as the transpose of its memory (TRANS_B); X^T in two parts, old_h^T and input^T
-    const auto from_h = xsmm_kernel<scalar_t>(state, last - first, batch, /*lda=*/state, /*ldb=*/rows, /*ldc=*/k, true);
-    from_h(old_h, d_gates + first, d_weights + first * k);
-    if (features > 0) {  // an input with no features: d_weights has no columns for it
-      const auto from_x =
-          xsmm_kernel<scalar_t>(features, last - first, batch, /*lda=*/features, /*ldb=*/rows, /*ldc=*/k, true);
-      from_x(input, d_gates + first, d_weights + first * k + state);
+    // d_gates read as the transpose of its memory (TRANS_B); X^T's rows from old_h^T (S), then
+    // from input^T (F), row_block at a time, each block copied into a contiguous panel first
+    const int64_t step = row_block.load();
+    std::vector<scalar_t> panel(step * batch);
+    const std::pair<const scalar_t*, int64_t> parts[] = {{old_h, state}, {input, features}};
+    int64_t row_of_x_t = 0;  // where the part's rows start among X^T's K
+    for (const auto& [source, width] : parts) {  // source: row-major (B x width) = column-major (width x B)
+      if (step == 0 && width > 0) {  // no blocks: one kernel on the part where it lies, lda = width
+        const auto kernel = xsmm_kernel<scalar_t>(width, last - first, batch, /*lda=*/width, /*ldb=*/rows, /*ldc=*/k,
+                                                  /*trans_b=*/true);
+        kernel(source, d_gates + first, d_weights + first * k + row_of_x_t);
+      }
+      for (int64_t block = 0; step > 0 && block < width; block += step) {
+        const int64_t height = std::min(step, width - block);
+        for (int64_t row = 0; row < batch; ++row) {  // panel: column-major (height x B), ld = height
+          std::copy_n(source + row * width + block, height, panel.data() + row * height);
+        }
+        const auto kernel = xsmm_kernel<scalar_t>(height, last - first, batch, /*lda=*/height, /*ldb=*/rows, /*ldc=*/k,
+                                                  /*trans_b=*/true);
+        kernel(panel.data(), d_gates + first, d_weights + first * k + row_of_x_t + block);
+      }
+      row_of_x_t += width;
     }
   });
 }
@@ -375,8 +433,8 @@ static void d_x_product(const scalar_t* d_gates, const scalar_t* weights, scalar
                      int64_t state) {
   const int64_t k = state + features, inner = 3 * state;
   split_among_threads(k, k * batch * inner, [&](int64_t first, int64_t last) {
-    const auto kernel = xsmm_kernel<scalar_t>(last - first, batch, inner, /*lda=*/k, /*ldb=*/inner, /*ldc=*/k, false);
-    kernel(weights + first, d_gates, d_x + first);
+    product_in_depth_blocks(weights + first, d_gates, d_x + first, /*m=*/last - first, /*n=*/batch, /*k=*/inner,
+                            /*lda=*/k, /*ldb=*/inner, /*ldc=*/k);
   });
 }
 
@@ -557,4 +615,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward_pass", &forward_pass, "the forward's fused pass alone: (gates, old_cell) -> [new_h, new_cell]");
   m.def("simd_path", &simd_path, "which compiled copy runs the float32 passes: 'avx2+fma' or 'sse2'");
   m.def("set_simd_path", &set_simd_path, "choose the copy ('sse2' or 'avx2+fma'; tests compare the two)");
+  m.def("block_sizes", &block_sizes, "(depth, rows): the GEMMs' block sizes of section 3c; 0 is no blocks");
+  m.def("set_block_sizes", &set_block_sizes, "set them (breakdown.py times one kernel per thread, the tests odd sizes)",
+        py::arg("depth"), py::arg("rows"));
 }

@@ -161,7 +161,7 @@ def test_setup_py_route_is_a_compiled_module_in_the_package():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("shape", [Shape(1, 1, 1), Shape(3, 5, 31), Shape(7, 13, 33), Shape(5, 17, 9), Shape(64, 1024, 128),
-                                   Shape(2, 3, 257), Shape(4, 6, 0)], ids=str)
+                                   Shape(2, 3, 257), Shape(5, 200, 70), Shape(4, 6, 0)], ids=str)
 def test_the_gemms_match_atens(shape, dtype):
     """gates against ATen's addmm on the same operands; the outputs and five gradients of the
     Function against the reference cell (common's helpers), at shapes that include the
@@ -173,6 +173,30 @@ def test_the_gemms_match_atens(shape, dtype):
     torch.testing.assert_close(gates, torch.addmm(bias.reshape(1, -1), X, weights.t()), **tolerance)
     arguments = [input, weights, bias, old_h, old_cell]
     assert_all_close(outputs_and_grads(LLTMFunction.apply, arguments), outputs_and_grads(reference_lltm, arguments), dtype)
+
+
+@pytest.mark.parametrize("blocks", [(0, 0), (1, 1), (7, 5), (64, 0), (0, 64)], ids=str)
+@pytest.mark.parametrize("shape", [Shape(1, 1, 1), Shape(5, 200, 70), Shape(3, 9, 37), Shape(4, 6, 0)], ids=str)
+def test_any_block_sizes_give_the_same_products(shape, blocks):
+    """The GEMMs' blocks (section 3c) in the depth and over rows: none (one kernel per thread, as
+    breakdown.py times it), 1, sizes that leave a remainder at every shape here, and one without
+    the other, against the default blocks, in float64: forward and every gradient."""
+    arguments = make_arguments(shape, torch.float64)
+    want = outputs_and_grads(LLTMFunction.apply, arguments)
+    default = _C.block_sizes()
+    try:
+        _C.set_block_sizes(*blocks)
+        got = outputs_and_grads(LLTMFunction.apply, arguments)
+    finally:
+        _C.set_block_sizes(*default)
+    assert default == (64, 64)
+    assert_all_close(got, want, torch.float64)
+
+
+def test_a_negative_block_size_is_refused_by_name():
+    with pytest.raises(RuntimeError, match="block sizes must be >= 0 .*got depth 64 and rows -1"):
+        _C.set_block_sizes(64, -1)
+    assert _C.block_sizes() == (64, 64)
 
 
 def test_the_gemms_read_strided_operands():
