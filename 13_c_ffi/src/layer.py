@@ -13,7 +13,8 @@ returns one gradient per input.
         grad_bias   = grad_out summed over the rows (torch)
 
 Because the backward is made of the differentiable LinearFunction itself, double backward
-works too (gradgradcheck, tested). Inputs are made contiguous here, once, into named locals;
+works too (gradgradcheck, tested). AddFunction's backward is a Function too
+(AddBackwardFunction: C's gradients, and a backward that is the add again), for the same reason. Inputs are made contiguous here, once, into named locals;
 clib.py refuses anything C cannot read.
 What changed: a new route, not a copy of an earlier stage (README).
 Run it: ``pip install --no-build-isolation .`` in 13_c_ffi, then ``pytest 13_c_ffi/tests``.
@@ -106,8 +107,24 @@ class AddFunction(torch.autograd.Function):
         needs_a, needs_b = ctx.needs_input_grad
         if not (needs_a or needs_b):
             return None, None
-        grad_a, grad_b = add_backward(grad_output)
+        grad_a, grad_b = AddBackwardFunction.apply(grad_output)  # from C, and differentiable
         return (grad_a if needs_a else None), (grad_b if needs_b else None)
+
+
+class AddBackwardFunction(torch.autograd.Function):
+    """The add's backward, (grad_a, grad_b) = (grad_out, grad_out) from C, as a Function of its own.
+    C writes the gradients through pointers, where autograd cannot follow; called bare inside
+    AddFunction.backward, a second derivative would silently leave out the add's part. As a
+    Function it has a backward: the derivative of g -> (g, g) is the sum of the two incoming
+    gradients, which is the add again."""
+
+    @staticmethod
+    def forward(ctx, grad_output):
+        return add_backward(grad_output)
+
+    @staticmethod
+    def backward(ctx, grad_grad_a, grad_grad_b):
+        return AddFunction.apply(grad_grad_a, grad_grad_b)
 
 
 class AddModule(torch.nn.Module):

@@ -9,7 +9,8 @@ as a custom operator, the C call becomes one opaque node of the graph:
     eml_c_ffi::linear(Tensor input, Tensor weight, Tensor? bias) -> Tensor
 
 each with a fake ("meta") function that tells the tracer the output's shape and dtype without
-running C, and an autograd formula. torch.compile(fullgraph=True) then compiles a model that
+running C; add and linear have an autograd formula, add_backward none (so a second
+derivative through ops.add is an error that names it, tested). torch.compile(fullgraph=True) then compiles a model that
 calls them without a graph break (tested); torch.library.opcheck checks the registrations.
 What changed: a new route (README). Run it: ``pytest 13_c_ffi/tests -k compile``.
 """

@@ -85,6 +85,23 @@ def test_add_gradcheck_float64(add):
     assert gradcheck(add, a, b)
 
 
+def test_add_function_is_twice_differentiable():
+    """The gradients come from C through AddBackwardFunction, whose backward is the add again: a
+    second derivative includes the add's part (with C's gradients called bare, d2 here is 1, not 3)."""
+    a, b = (torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert gradgradcheck(lambda a, b: AddFunction.apply(a, b) ** 2, a, b)
+    (grad_a,) = torch.autograd.grad((AddFunction.apply(a, b) ** 2).sum(), a, create_graph=True)  # 2 (a + b)
+    (d2,) = torch.autograd.grad((grad_a + a).sum(), a)
+    torch.testing.assert_close(d2, torch.full_like(a, 3.0))
+
+
+def test_operator_add_refuses_double_backward_by_name():
+    a, b = (torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    (grad_a,) = torch.autograd.grad((ops.add(a, b) ** 2).sum(), a, create_graph=True)
+    with pytest.raises(RuntimeError, match="add_backward.default but no autograd formula was registered"):
+        torch.autograd.grad((grad_a + a).sum(), a)
+
+
 def test_add_on_views_reads_the_right_memory():
     """Zero copy: C gets data_ptr(), which includes a view's storage offset; strided views are made contiguous."""
     base = torch.arange(20.0)

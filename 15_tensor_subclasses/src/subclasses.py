@@ -14,7 +14,7 @@ What this stage teaches: the two other shapes ``__torch_function__`` takes.
                             (dispatch_log.py) sees the ATen operators below them (t, addmm).
 
 What changed: a new route, not a copy of an earlier stage (README).
-Run it: ``pytest 15_tensor_subclasses/tests -k subclass``.
+Run it: ``pytest 15_tensor_subclasses/tests -k "subclass or plain or tagged or wrapper"``.
 """
 
 from __future__ import annotations
