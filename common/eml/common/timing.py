@@ -3,10 +3,11 @@
 Every layer is timed in the same process, on the same input and the same weights, in
 interleaved rounds (round 1: every layer, round 2: every layer, ...) so that a slow drift of
 the machine (another process, the clock) hits all of them alike. Reported: the median over
-all measured blocks and the spread (interquartile range relative to the median; with fewer than
-4 blocks, the range, max - min, relative to the median; none for a single value). A call that
-alone outlasts a block is one block (timed_blocks), and one that lasts over ONE_ROUND_S is timed
-in the first round only (interleaved).
+all measured blocks (a round is blocked_autorange's blocks of calls until min_run_time is spent)
+and the spread (interquartile range relative to the median; with fewer than 4 blocks, the range,
+max - min, relative to the median; none for a single value). A call that alone outlasts
+min_run_time is timed once per round, as one value (timed_blocks), and one that lasts over
+ONE_ROUND_S is timed in the first round only (interleaved).
 
 FLOPs: one GEMM of an (N x in) input with an (in x out) weight costs 2*N*in*out.
 The forward pass is one GEMM; forward+backward is three (output, grad_input, grad_weight).
@@ -27,9 +28,9 @@ from torch.utils import benchmark
 BENCHMARK_SHAPES = [(64, 256, 256), (256, 1024, 1024), (512, 768, 3072), (512, 3072, 768)]
 
 # The tour's timing settings (notebooks use the same): interleaved rounds per shape, and the
-# least seconds of each timed block. EML_QUICK_TIMING=1, which `make test` sets, times each
-# block once and briefly: nbval ignores the notebooks' timing output, so there the timing
-# code must run, not measure.
+# least seconds of each round (blocked_autorange's min_run_time: blocks of calls until it is
+# spent). EML_QUICK_TIMING=1, which `make test` sets, times one short round: nbval ignores the
+# notebooks' timing output, so there the timing code must run, not measure.
 TOUR_SETTINGS = (dict(rounds=1, min_run_time=0.01) if os.environ.get("EML_QUICK_TIMING")
                  else dict(rounds=3, min_run_time=0.2))
 

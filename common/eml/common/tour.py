@@ -117,7 +117,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="first shape only, short timings")
     parser.add_argument("--rounds", type=int, default=timing.TOUR_SETTINGS["rounds"], help="interleaved timing rounds per shape")
-    parser.add_argument("--min-run-time", type=float, default=timing.TOUR_SETTINGS["min_run_time"], help="seconds per timing block")
+    parser.add_argument("--min-run-time", type=float, default=timing.TOUR_SETTINGS["min_run_time"], help="least seconds per layer and round")
     args = parser.parse_args(argv)
     shapes = timing.BENCHMARK_SHAPES[:1] if args.quick else timing.BENCHMARK_SHAPES
     rounds, min_run_time = (1, 0.02) if args.quick else (args.rounds, args.min_run_time)

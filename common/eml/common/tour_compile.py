@@ -96,8 +96,8 @@ def _compiled_tables(layers):
         calls, start = {}, time.perf_counter()
         compiled = {}
         # Every compiled module enters dynamo through one shared wrapper frame, whose recompile
-        # limit (8 by default) counts the graphs of all of them: with three MLPs, two grad modes
-        # and two dtypes it was hit, and dynamo silently ran the last MLPs eagerly. A fresh start
+        # limit (8 by default) counts the graphs of all of them: three MLPs x two grad modes x two
+        # dtypes exceed it, and dynamo would then silently run the last MLPs eagerly. A fresh start
         # per dtype, and room for every model's two graphs.
         torch._dynamo.reset()
         torch._dynamo.config.recompile_limit = max(8, 2 * len(makers) + 2)
