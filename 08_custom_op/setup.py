@@ -41,8 +41,9 @@ setup(
             library_dirs=[LIBXSMM_LIBRARY_DIR],
             # LIBXSMM's static libraries, in this order (libxsmm needs libxsmmnoblas's BLAS stubs).
             libraries=["xsmm", "xsmmnoblas", "pthread", "rt", "dl", "m"],
-            # -fvisibility=hidden: _C exports only its init function. Stages 06, 07 and 08 share the C++
-            # namespace tpp, and one process may load all three: their symbols stay their own.
+            # -fvisibility=hidden: of _C's own functions only its init function is exported (the inline
+            # functions of torch's headers stay visible, as weak symbols). Stages 06, 07 and 08 share
+            # the C++ namespace tpp, and one process may load all three: their symbols stay their own.
             extra_compile_args=["-O3", "-fopenmp", "-fvisibility=hidden"],
             # Keep LIBXSMM's symbols (and its BLAS stubs) inside _C instead of exporting them.
             extra_link_args=["-Wl,--exclude-libs,ALL"],

@@ -45,13 +45,6 @@ inline Config default_config() {
   return l_config;
 }
 
-// Each dtype's plan table holds at most this many plans, one per (product, batch size): 85 batch
-// sizes when all three products run. Beyond, the plans are dropped and rebuilt on demand (cheap:
-// their kernels stay in the state's kernel table).
-constexpr size_t kMaxPlans = 256;
-
-inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)
-
 // How a layer computes in bfloat16 (FunctionCpp.cpp, section 5b):
 //   kVnni       LIBXSMM's bf16 batch-reduce kernels on VNNI-2 packed operands (AVX-512 only)
 //   kReference  the same packing and loop nest, reference_batch_reduce as the kernel (any CPU; slow)
@@ -130,6 +123,13 @@ void transpose_to_panel(const T* __restrict i_src, T* __restrict o_panel, idx i_
   }
 }
 }  // namespace
+
+// Each dtype's plan table holds at most this many plans, one per (product, batch size): 85 batch
+// sizes when all three products run. Beyond, the plans are dropped and rebuilt on demand (cheap:
+// their kernels stay in the state's kernel table).
+constexpr size_t kMaxPlans = 256;
+
+inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)
 
 // W (out, in) contiguous, float or double, transposed into panels of bm rows, column-major, ld
 // bm (the forward's A operand, stage 06's layout). Into the thread's scratch buffer when the pack

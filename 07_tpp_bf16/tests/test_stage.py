@@ -331,10 +331,6 @@ def test_awkward_shapes_match_torch(case, dtype, bias):
     check_everything(case, dtype, _C.LinearState(case.in_features, case.out_features), bias)
 
 
-def test_packs_for_one_call_fit_in_turns_and_on_two_threads():
-    assert_matches_torch_in_turns_and_on_two_threads(_C, lambda case: (_C.LinearState(case.in_features, case.out_features),))
-
-
 @pytest.mark.parametrize("n_outer", [(False, False, False), (True, True, True)], ids=["rows-first", "columns-first"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("case", [Case((7,), 11, 13), Case((61,), 129, 61), Case((1,), 13, 1), Case((2, 3), 5, 9)], ids=str)
@@ -432,6 +428,10 @@ def test_state_is_freed_with_its_last_reference():
 def resident_bytes():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_packs_for_one_call_fit_in_turns_and_on_two_threads():
+    assert_matches_torch_in_turns_and_on_two_threads(_C, lambda case: (_C.LinearState(case.in_features, case.out_features),))
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="/proc/self/statm is Linux's")

@@ -88,7 +88,7 @@ TORCH_LIBRARY_IMPL(eml, CPU, m) {
 // `import eml.linear_op._C` loads this .so, which runs TORCH_LIBRARY's static initialisers; Python
 // then asks for PyInit__C, which returns a module with nothing in it. Everything is reached
 // through torch.ops.eml.* instead. PyMODINIT_FUNC: extern "C", and exported although setup.py
-// hides every other symbol (-fvisibility=hidden).
+// hides the module's other functions (-fvisibility=hidden).
 PyMODINIT_FUNC PyInit__C(void) {
   static struct PyModuleDef s_module = {
       PyModuleDef_HEAD_INIT,
