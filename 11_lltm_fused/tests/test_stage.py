@@ -18,7 +18,7 @@ class TestCell(CellTests):
     make_cell = staticmethod(LLTM)
     function = staticmethod(LLTMFunction.apply)
     prefix = "lltm_fused"
-    double_backward = False  # the backward is C++, outside autograd: once differentiable
+    double_backward = False  # the backward uses gates forward saved unrecorded: once differentiable
 
 
 def test_forward_returns_h_cell_and_the_gates():
