@@ -349,13 +349,27 @@ static void product_in_depth_blocks(const scalar_t* a, const scalar_t* b, scalar
   } while (first < k);
 }
 
+// LIBXSMM 1.17's AVX kernels return with the upper halves of the YMM registers in use: they end
+// without `vzeroupper`. Code compiled for SSE that then runs on the same thread pays for that
+// state on every instruction until an AVX function clears it; libm's double exp, expm1 and tanh in
+// the fused pass did (measured, Zen 3: the float64 forward at B, F, S = 32, 4, 32 took 585 us
+// instead of 59, its time in libm; README). So each thread clears it after its kernels.
+static void clear_upper_vector_state() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has_avx = __builtin_cpu_supports("avx");
+  if (has_avx) __asm__ volatile("vzeroupper");
+#endif
+}
+
 // Cuts [0, n) into one slice per thread and runs body(first, last) on each, in parallel; a
 // product of fewer than ~256 K multiply-adds (work) stays on the calling thread, where waking a
 // second one would cost more than it takes over (the T = 100 sequence of notebook 17: 110 K).
+// Every body runs LIBXSMM kernels: each thread clears the vector state after its slice.
 template <typename Body>
 static void split_among_threads(int64_t n, int64_t work, const Body& body) {
   if (work < (int64_t(1) << 18) || at::get_num_threads() == 1 || at::in_parallel_region()) {
     if (n > 0) body(int64_t(0), n);
+    clear_upper_vector_state();
     return;
   }
   const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n));
@@ -365,6 +379,7 @@ static void split_among_threads(int64_t n, int64_t work, const Body& body) {
       const int64_t first = slice * width, last = std::min(n, first + width);
       if (first < last) body(first, last);
     }
+    clear_upper_vector_state();
   });
 }
 
