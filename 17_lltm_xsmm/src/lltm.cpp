@@ -350,10 +350,10 @@ static void product_in_depth_blocks(const scalar_t* a, const scalar_t* b, scalar
 }
 
 // LIBXSMM 1.17's AVX kernels return with the upper halves of the YMM registers in use: they end
-// without `vzeroupper`. Code compiled for SSE that then runs on the same thread pays for that
+// without `vzeroupper`. Code compiled for SSE that then runs on the same thread can pay for that
 // state on every instruction until an AVX function clears it; libm's double exp, expm1 and tanh in
 // the fused pass did (measured, Zen 3: the float64 forward at B, F, S = 32, 4, 32 took 585 us
-// instead of 59, its time in libm; README). So each thread clears it after its kernels.
+// instead of 50-60, its time in libm; README). So each thread clears it after its kernels.
 static void clear_upper_vector_state() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool has_avx = __builtin_cpu_supports("avx");
