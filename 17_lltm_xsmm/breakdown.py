@@ -64,11 +64,11 @@ def breakdown(shape, threads):
     rows = {
         "C++ forward (_C.forward)": "_C.forward(x, w, b, h, c)",
         "  of which the fused pass (_C.forward_pass)": "_C.forward_pass(gates, c)",
-        "  its GEMM as one kernel per thread (no blocks)": "unblocked(_C.forward, x, w, b, h, c)",
+        "  the forward, one kernel per thread (no blocks)": "unblocked(_C.forward, x, w, b, h, c)",
         "  stage 11's forward (ATen's GEMM)": "stage11.forward(x, w, b, h, c)",
         "  stage 11's GEMM alone (cat + addmm)": "torch.addmm(b, torch.cat([h, x], 1), w.t())",
         "C++ backward (_C.backward)": "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
-        "  its GEMMs as one kernel per thread (no blocks)": "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)",
+        "  the backward, one kernel per thread (no blocks)": "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)",
         "  stage 11's backward (ATen's GEMMs)": "stage11.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
         "  stage 11's d_weights alone (cat + mm)": "gates.t().mm(torch.cat([h, x], 1))",
         "module forward + backward, _C.cell": step.format("cell(x, (h, c))"),

@@ -168,7 +168,7 @@ static void backward_row(const scalar_t* __restrict__ g, const scalar_t* __restr
 
 // -O3 alone compiles for every x86-64 CPU: SSE2, 4 floats per instruction, no fused
 // multiply-add. The same loops compiled a second time for AVX2 + FMA (8 floats, a*b+c in one
-// instruction) run the float32 passes ~3.8x faster per element on Zen 3 (README: measured).
+// instruction) run the float32 passes ~3-3.8x faster per element on Zen 3 (README: measured).
 // `flatten` inlines the row function (and its exp) into each copy, so each copy's code is
 // generated for its own target; the CPU is asked once, when the module loads, which copy to run.
 template <typename scalar_t>

@@ -2,13 +2,13 @@
 //
 // What this stage teaches: where the time goes once the element-wise work is fused. Stage 11's
 // passes are a few per cent of a step; its GEMMs (ATen, MKL's generic path on AMD) and the calls
-// around them are the rest. Here every GEMM is one LIBXSMM kernel per thread, called on the
-// operands where they lie, and X = [old_h, input] is never built:
+// around them are the rest. Here every GEMM is a few LIBXSMM kernel calls per thread, and
+// X = [old_h, input] is never built as 11's cat builds it:
 //
-//   forward:  gates = [old_h, input] W^T + b       LIBXSMM: one kernel per thread's columns
+//   forward:  gates = [old_h, input] W^T + b       LIBXSMM, 64-deep blocks; A: X, a transposed copy
 //             one pass over the rows: sigmoid, sigmoid, elu, new_cell, new_h   (sections 3, 4)
 //   backward: one pass over the rows: every element-wise derivative -> d_gates  (sections 3, 5)
-//             d_weights = d_gates^T [old_h, input]  LIBXSMM: two kernels per thread, no X
+//             d_weights = d_gates^T [old_h, input]  LIBXSMM, 64-row panels of old_h^T and input^T
 //             d_X = d_gates W                        LIBXSMM, d_bias = sum of rows (ATen)
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
@@ -170,7 +170,7 @@ static void backward_row(const scalar_t* __restrict__ g, const scalar_t* __restr
 
 // -O3 alone compiles for every x86-64 CPU: SSE2, 4 floats per instruction, no fused
 // multiply-add. The same loops compiled a second time for AVX2 + FMA (8 floats, a*b+c in one
-// instruction) run the float32 passes ~3.8x faster per element on Zen 3 (README: measured).
+// instruction) run the float32 passes ~3-3.8x faster per element on Zen 3 (README: measured).
 // `flatten` inlines the row function (and its exp) into each copy, so each copy's code is
 // generated for its own target; the CPU is asked once, when the module loads, which copy to run.
 template <typename scalar_t>
@@ -245,7 +245,7 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
   backward_rows(g, gh, gc, c, dg, dc, state, begin, end);
 }
 
-// ---- 3c. The GEMMs on LIBXSMM's kernels, X never built ----
+// ---- 3c. The GEMMs on LIBXSMM's kernels, without 11's cat ----
 //
 // LIBXSMM's kernels are column-major: element (i, j) of an m x n matrix lives at [i + j * ld],
 // so a row-major PyTorch matrix R (r x c) is, in the same memory, the column-major R^T (c x r).
@@ -257,8 +257,8 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
 //                                            copy 11's cat made anyway); B = W^T = W's memory;
 //                                            C transposed into the row-major gates, + b
 //   d_weights  (3S x K) = d_gates^T X        C = d_weights^T (K x 3S) = d_weights' memory; A = X^T
-//                                            = the memory of old_h, then of input: two kernels, no
-//                                            X; B = d_gates, from its memory with TRANS_B
+//                                            = old_h^T, then input^T (the memory of each), in
+//                                            panels (below); B = d_gates, from its memory, TRANS_B
 //   d_X        (B x K) = d_gates W           C = d_X^T (K x B) = d_X's memory; A = W^T = W's memory;
 //                                            B = d_gates^T = d_gates' memory
 //
@@ -339,7 +339,8 @@ static void set_block_sizes(int64_t depth, int64_t rows) {
 template <typename scalar_t>
 static void product_in_depth_blocks(const scalar_t* a, const scalar_t* b, scalar_t* c, int64_t m, int64_t n, int64_t k,
                                     int64_t lda, int64_t ldb, int64_t ldc) {
-  const int64_t step = depth_block.load() > 0 ? depth_block.load() : k;
+  const int64_t block = depth_block.load();  // once: Python may set it from another thread
+  const int64_t step = block > 0 ? block : k;
   int64_t first = 0;
   do {
     const int64_t depth = std::min(step, k - first);
@@ -351,8 +352,8 @@ static void product_in_depth_blocks(const scalar_t* a, const scalar_t* b, scalar
 
 // LIBXSMM 1.17's AVX kernels return with the upper halves of the YMM registers in use: they end
 // without `vzeroupper`. Code compiled for SSE that then runs on the same thread can pay for that
-// state on every instruction until an AVX function clears it; libm's double exp, expm1 and tanh in
-// the fused pass did (measured, Zen 3: the float64 forward at B, F, S = 32, 4, 32 took 585 us
+// state on every instruction until an AVX function clears it; libm's double exp and tanh (through
+// its expm1) in the fused pass did (measured, Zen 3: the float64 forward at B, F, S = 32, 4, 32 took 585 us
 // instead of 50-60, its time in libm; README). So each thread clears it after its kernels.
 static void clear_upper_vector_state() {
 #if defined(__x86_64__) && defined(__GNUC__)
