@@ -8,15 +8,16 @@ from setuptools.command.build_ext import build_ext
 class build_c_library(build_ext):
     """Builds the C sources as a plain shared library, not as a Python extension module.
 
-    The .so is named libeml_add.so (no cpython-311-... suffix) and exports only its C functions
-    (no PyInit_ function): ctypes loads it by path (src/clib.py), never through `import`.
+    The .so is named libeml_add.so (no cpython-311-... suffix) and is loaded by ctypes by its path
+    (src/clib.py), never through `import`. It has no PyInit_ function because eml_add.c defines
+    none; the empty export list only matters to MSVC, which would otherwise ask for PyInit_.
     """
 
     def get_ext_filename(self, fullname):
         return fullname.replace(".", "/") + ".so"  # eml.c_ffi.libeml_add -> eml/c_ffi/libeml_add.so
 
     def get_export_symbols(self, ext):
-        return []  # no PyInit_libeml_add to export: this is not a Python module
+        return []  # MSVC only (GCC ignores the list): no PyInit_libeml_add, this is not a Python module
 
 
 setup(

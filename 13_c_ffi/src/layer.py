@@ -14,8 +14,9 @@ returns one gradient per input.
 
 Because the backward is made of the differentiable LinearFunction itself, double backward
 works too (gradgradcheck, tested). AddFunction's backward is a Function too
-(AddBackwardFunction: C's gradients, and a backward that is the add again), for the same reason. Inputs are made contiguous here, once, into named locals;
-clib.py refuses anything C cannot read.
+(AddBackwardFunction: C's gradients, and a backward that is the add again), for the same reason. Inputs are made contiguous here, once, and
+passed to clib as they are (arguments stay alive until C returns); clib.py refuses anything C
+cannot read.
 What changed: a new route, not a copy of an earlier stage (README).
 Run it: ``pip install --no-build-isolation .`` in 13_c_ffi, then ``pytest 13_c_ffi/tests``.
 """
@@ -76,7 +77,7 @@ def check_add_inputs(a, b) -> None:
 def add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a + b in C, no autograd: any strides (made contiguous here), checked first."""
     check_add_inputs(a, b)
-    a_contiguous, b_contiguous = a.contiguous(), b.contiguous()  # named locals: the pointers stay valid
+    a_contiguous, b_contiguous = a.contiguous(), b.contiguous()  # clib's arguments: alive until C returns
     return clib.add_forward(a_contiguous, b_contiguous)
 
 

@@ -22,8 +22,6 @@ import torch.nn.functional as F
 from eml.common.checks import FunctionTests, LayerTests, expect_error, gradcheck, gradgradcheck
 from eml.c_ffi import TOUR, AddFunction, AddModule, Layer, LinearFunction, checks, clib, layer, ops
 
-STAGE = pathlib.Path(__file__).resolve().parents[1]  # 13_c_ffi/, as shipped in the repository
-
 
 # ---- 1. The linear: the shared contracts, through the Function and through the operator ----
 class TestLayer(LayerTests):

@@ -5,7 +5,7 @@ argument: ``torch.mean(s)`` with a ScalarTensor ``s`` calls ``ScalarTensor.__tor
 (torch.mean, types, args, kwargs)`` instead of torch's own code. The example is the one of
 PyTorch's "Extending PyTorch" notes (an N x N diagonal matrix ``value * I`` stored as two
 numbers). Kept as the notes have it: ``implements`` calls ``functools.update_wrapper(func,
-torch_function)`` on the registered implementation and returns it unchanged, and
+torch_function)`` on the registered implementation and returns the same function object, and
 ``__torch_function__`` returns ``NotImplemented`` for a function it does not handle and for an
 argument type it does not know, so that torch can try the other types' overrides and then
 raise a clear TypeError. Changed, in three places the notes leave as they are:
@@ -37,8 +37,9 @@ def implements(torch_function):
     """Register the decorated function as ScalarTensor's implementation of ``torch_function``."""
 
     def decorator(func):
-        # func takes torch_function's __name__, __doc__ and __module__, and __wrapped__ points to
-        # it: help() and tracebacks of an override then name the torch function it stands for.
+        # func takes torch_function's __name__, __qualname__, __doc__ and __module__, and __wrapped__
+        # points to it: help() and repr() of an override then name the torch function it stands
+        # for (a traceback still shows the def's own name: it comes from the code object).
         functools.update_wrapper(func, torch_function)
         HANDLED_FUNCTIONS[torch_function] = func
         return func  # the module-level name stays our implementation, callable directly
