@@ -122,7 +122,7 @@ static inline float tanh_simd(float u) { return 1.0f - 2.0f / (exp_simd(2.0f * u
 static inline double tanh_simd(double u) { return std::tanh(u); }
 
 // A chunk of at least ~4096 elements per thread: below that, waking a thread costs more than
-// the microseconds of exp and tanh it would take over (1 to 8 ns per element, by CPU and copy: README).
+// the microseconds of exp and tanh it would take over (1 to 9 ns per element, by CPU and copy: README).
 static int64_t grain_rows(int64_t state) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(state, 1)); }
 
 // ---- 3. One row of the forward and of the backward: the fused element-wise passes ----

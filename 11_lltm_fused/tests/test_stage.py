@@ -43,7 +43,7 @@ def test_forward_pass_alone_is_the_forward_after_its_gemm():
 
 
 def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
-    # F = 9, S = 4: split(S) would give d_old_h 4 columns and d_input only 4 of its 9.
+    # F = 9, S = 4: split(S, dim=1) would give d_old_h 4 columns and d_input only 4 of its 9.
     arguments = make_arguments(Shape(3, 9, 4), torch.float64)
     input, weights, bias, old_h, old_cell = arguments
     new_h, new_cell, gates = _C.forward(*arguments)

@@ -70,8 +70,9 @@ class LLTMFunction(torch.autograd.Function):
         # whether a second backward could be asked for (grad_h alone is often a constant).
         return LLTMFunction.backward_once(ctx, grad_h, grad_cell, *ctx.saved_tensors)
 
-    # The backward is C++ and CUDA, outside autograd: its result cannot be differentiated again.
-    # The decorator makes a second backward (create_graph=True) raise instead of silently returning wrong second derivatives.
+    # The backward above uses the gates saved by forward, which autograd did not record: its
+    # result cannot be differentiated again. The decorator makes a second backward
+    # (create_graph=True) raise instead of silently returning wrong second derivatives.
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward_once(ctx, grad_h, grad_cell, *saved):

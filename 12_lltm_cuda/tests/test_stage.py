@@ -503,7 +503,7 @@ def test_forward_returns_h_cell_and_the_gates(stage):
 
 
 def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s(stage):
-    # F = 9, S = 4: split(S) would give d_old_h 4 columns and d_input only 4 of its 9.
+    # F = 9, S = 4: split(S, dim=1) would give d_old_h 4 columns and d_input only 4 of its 9.
     package, device = stage
     arguments = make_arguments(Shape(3, 9, 4), torch.float64, device)
     input, weights, bias, old_h, old_cell = arguments
