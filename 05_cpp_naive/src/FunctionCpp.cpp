@@ -329,9 +329,9 @@ torch::Tensor forward(torch::Tensor i_input, torch::Tensor i_weight, std::option
   check_inputs(i_loop_order, i_input, i_weight, i_bias);
   // Row-major data, each in a named local: a data pointer into a temporary would dangle.
   // contiguous() returns the tensor itself when it is already contiguous, else a copy.
-  const torch::Tensor l_input = flatten_to_2d(i_input).contiguous();               // (N, in)
-  const torch::Tensor l_weight = i_weight.contiguous();                            // (out, in)
-  const torch::Tensor l_bias = i_bias ? i_bias->contiguous() : torch::Tensor();    // (out), or undefined
+  const torch::Tensor l_input = flatten_to_2d(i_input).contiguous();             // (N, in)
+  const torch::Tensor l_weight = i_weight.contiguous();                          // (out, in)
+  const torch::Tensor l_bias = i_bias ? i_bias->contiguous() : torch::Tensor();  // (out), or undefined
   const int64_t l_n = l_input.size(0), l_in = l_weight.size(1), l_out = l_weight.size(0);
   torch::Tensor l_output = torch::empty({l_n, l_out}, l_input.options());  // every element is written
 

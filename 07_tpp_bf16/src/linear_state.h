@@ -29,8 +29,8 @@ namespace tpp {
 // AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
 // so the best tile differs. Chosen by timing candidate blockings with `06_tpp/benchmark.py --blockings`
 // (06's README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 64-deep k steps, whose 16 KB
-// A block stays in L1, 6-10 points of the probe per product above the 128-deep steps before; on
-// AVX-512 (Zen 5) 128 x 64 tiles in 256-deep k steps, 4-8 points above the 64 x 64 x 128 before.
+// A block stays in L1, 6-10 points of the probe per product above 128-deep steps; on AVX-512
+// (Zen 5) 128 x 64 tiles in 256-deep k steps, 4-8 points above 64 x 64 x 128 tiles.
 struct Config {
   Blocking blocking[3] = {/*forward=*/{64, 128, 64}, /*grad_input=*/{64, 128, 64}, /*grad_weight=*/{64, 128, 64}};
   bool n_outer[3] = {true, true, true};  // column blocks outermost: a thread packs each B block once
@@ -94,10 +94,10 @@ inline void* pack_scratch(int i_product, size_t i_bytes) {
 // [i_c0, i_c1), into a column-major panel (ld i_ld_panel). It packs the forward's W into panels
 // and, in products.h, grad_weight's blocks of gy into B slabs. In 8 x 8 blocks: the block's 8
 // source rows and 8 destination columns stay in L1 while they are read and written, and a full
-// block's fixed trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans did
-// this job before (06's README: the training step, step 7). target_clones compiles it for AVX-512,
-// AVX2 and the baseline and picks one when the module loads (as column_sums in products.h);
-// internal linkage, because GCC exports the resolver.
+// block's fixed trip counts let the compiler unroll and vectorise it; at in = 4096 it halves what
+// LIBXSMM's libxsmm_otrans added to the forward (06's README: the training step, step 7).
+// target_clones compiles it for AVX-512, AVX2 and the baseline and picks one when the module loads
+// (as column_sums in products.h); internal linkage, because GCC exports the resolver.
 namespace {
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))

@@ -109,7 +109,8 @@ def timed_blocks(call, min_run_time, num_threads):
 
 
 # A call slower than this (stage 05's textbook loops on the large shapes, bf16 torch.nn.Linear's
-# backward on a CPU without bf16 kernels: 20 to 50 times the rows beside it) is timed in the
+# backward on a CPU without bf16 kernels: tens to a hundred times the rows beside it, over a second
+# on the slower CPUs) is timed in the
 # first round only: two more rounds of it would add tens of seconds to the tour and nothing to
 # what its row says.
 ONE_ROUND_S = 1.0
