@@ -14,7 +14,7 @@
 // What changed since stage 09: this file replaces lltm.py's check_inputs, d_sigmoid, d_tanh,
 // d_elu, forward and backward; checks are TORCH_CHECK (a Python RuntimeError), never assert().
 // d_X is cut at column S (old_h's S columns, then the input's F), as the tutorial does, not
-// into pieces of S with split(S, dim=1), which is wrong whenever F != S.
+// into pieces of S with split(S, dim=1), which is wrong whenever F > S.
 // Build: pip install --no-build-isolation ./10_lltm_cpp   (or JIT: eml.lltm_cpp.jit.build())
 
 #include <torch/extension.h>

@@ -325,7 +325,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
 
 // ---- 6. The whole cell as one autograd node, in C++ ----
 //
-// lltm.py's LLTMFunction does the same in Python: at (16, 32, 128) it adds about 10 us per step
+// lltm.py's LLTMFunction does the same in Python: at (16, 32, 128) it adds about 10 us per step (Zen 5)
 // over this node (README: where the time goes). A torch::autograd::Function is the same recipe in
 // C++: the module makes one call per step (_C.cell), and autograd's engine calls
 // backward() without entering Python at all.

@@ -139,7 +139,7 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
 // ---- 6. The whole cell as one autograd node, in C++ ----
 //
 // Stage 11's node, unchanged: lltm.py's LLTMFunction does the same in Python, and adds about
-// 10 us per step at (16, 32, 128) on the CPU (11's README: where the time goes). On a GPU that
+// 10 us per step at (16, 32, 128) on a Zen 5 CPU (11's README: where the time goes). On a GPU that
 // is host time in which no kernel is launched. The module makes one call per step
 // (_C.cell), and autograd's engine calls backward() without entering Python at all.
 

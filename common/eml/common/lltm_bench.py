@@ -99,7 +99,7 @@ def time_cells(makers: dict, shape, *, runs=100, rounds=3, warmup=5, dtype=torch
             one_call(cell, None)
     # As timeit does: no garbage collection inside the timed calls. A compile in the warm-up
     # leaves many objects behind, and a full collection would land in one timed call (one
-    # call of ~0.2 s seen in a Jupyter kernel, which alone moved a 70 us average to 1.5 ms).
+    # call of ~0.2 s seen in a Jupyter kernel on a Zen 5, which alone moved a 70 us average to 1.5 ms).
     gc.collect()
     collecting = gc.isenabled()
     gc.disable()
