@@ -43,7 +43,8 @@ MODULES = {"02_python_function": "eml.ext.linear_python_function", "03_hello_cpp
 # The Python stages and stage 13 by every route; the other C++ stages by setup.py install only. Their
 # pip route is built already: `make` installs every stage with pip install --no-build-isolation, the
 # stages' tests import what it installed and the tour finds their entry points, and stage 08's wheel
-# test builds it the pip way once more. Each C++ build skipped here is 0.5 to 2 minutes on 2 cores (Zen 3).
+# test builds it the pip way once more. The builds skipped here take about 10 s (03) and one to two
+# minutes each (06, 08) on 2 cores (Zen 3).
 PIP_ROUTE_BUILT_ELSEWHERE = {"03_hello_cpp", "06_tpp", "08_custom_op"}
 CASES = [(route, stage) for stage in sorted(RUN) for route in ROUTES
          if not (stage in PIP_ROUTE_BUILT_ELSEWHERE and route != "setup.py install")]

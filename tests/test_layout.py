@@ -97,7 +97,7 @@ def test_the_check_fails_on_a_renamed_file(monkeypatch):
 # ---- No line of C++ or of src/*.py that only renames the stage -----------------------------
 #
 # Each compiled stage names itself once (kStage, the first word of its messages) and keeps one
-# C++ namespace across the stages that share code (tpp in 06, 07 and 08), so a line that differs
+# C++ namespace across the stages that share code (tpp in 06, 07, 08 and 16), so a line that differs
 # from the previous stage's only by the package's name is noise in the diff a student reads.
 
 CPP_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")

@@ -60,8 +60,8 @@
 
 namespace tpp {
 
-// Section 4 is internal to this file: the anonymous namespace keeps its names out of the symbols
-// the module exports.
+// Section 4 is internal to this file but for state_for (FunctionCpp.h declares it): the anonymous
+// namespace keeps the other names out of the symbols the module exports.
 namespace {
 
 // ---- 4. Input checks, shapes ----------------------------------------------------------

@@ -1,8 +1,9 @@
 // Stage 08: what FunctionCpp.cpp offers to bindings.cpp, the functions the
 // registered operators run. A plain C++ header: no pybind11 and no Python.h anywhere in the
 // compute code (in stage 08 not even in bindings.cpp, apart from the empty module's init).
-// What changed since stage 06: no LinearState* and no cache_weight argument (an operator's
-// schema has tensors and scalars only; the state comes from state_for), bfloat16 accepted.
+// What changed since stage 06: no LinearState* argument (a schema cannot take a pybind11
+// object; the state comes from state_for), no cache_weight (no pack cache, by choice: README),
+// bfloat16 accepted.
 #pragma once
 
 #include <torch/types.h>

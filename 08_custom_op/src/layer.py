@@ -10,8 +10,8 @@ module, built on Python's limited API, serves every Python >= 3.10.
     torch.ops.eml.linear(input, weight, bias)    y = x W^T + b, bias may be None
 
 What changed since stage 06: ``Function`` is gone (autograd is registered for the op), and so
-is ``self.state``: a registered op takes tensors only, so the kernels and plans live in C++, in
-one process-wide state per (in_features, out_features), and the weight is packed on every call
+is ``self.state``: a registered op cannot take a pybind11 object, so the kernels and plans live
+in C++, in one process-wide state per (in_features, out_features), and the weight is packed on every call
 (README, "State without pybind11", measures the choice). ``peak_gflops()`` calls an op too.
 Run it: ``pip install --no-build-isolation .`` here (LIBXSMM needed: README), then ``pytest tests``.
 """

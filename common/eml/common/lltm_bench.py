@@ -210,7 +210,7 @@ def tour_section(stages, quick: bool) -> bool:
     if not makers:
         return True
     print(f"LLTM cells (stages {stage_ranges(name for name, stage in stages if stage.get('cells'))}): "
-          "correctness against the reference (common/lltm_checks.py)", flush=True)
+          "correctness against the reference (eml.common.lltm_checks)", flush=True)
     ok = True
     for label, make in makers.items():
         try:
