@@ -3,7 +3,7 @@
     python 08_custom_op/bench_state.py            # needs stages 06 and 08 installed
     python 08_custom_op/bench_state.py --quick
 
-A registered operator takes tensors and scalars only, so stage 06's per-layer pybind11 state
+A registered operator's schema has no type for a pybind11 object, so stage 06's per-layer state
 (JIT kernels, plans, packed weight) cannot be passed to it. The candidates, timed on the same
 C++ (stage 06's functions expose every variant through their state and cache_weight arguments):
 

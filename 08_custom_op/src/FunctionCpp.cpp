@@ -141,7 +141,7 @@ void check_inputs(const std::optional<torch::Tensor>& i_input,
 }  // namespace
 
 // New in 08: the state of every (in_features, out_features) pair, process-wide. A registered
-// operator takes tensors and scalars only, so no Layer can hand it a LinearState (06's pybind11
+// operator's schema has no type for a pybind11 object: no Layer can hand it a LinearState (06's pybind11
 // object). The first call with a pair makes its state (its kernels and plans); every later call,
 // from any layer, thread, compiled graph or exported program, finds it here. A state holds
 // kernels and plans only (the weight is packed per call): one per pair, never freed, a few KB

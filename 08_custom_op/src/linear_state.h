@@ -3,8 +3,8 @@
 // packed for the forward, with the key that says when the pack is stale.
 // What changed since stage 06: nothing in this file but comments. Who owns a LinearState did:
 // in 06 a pybind11 object made by each Layer; here a process-wide table of states keyed by
-// (in_features, out_features) (FunctionCpp.cpp, section 4), since a registered operator takes
-// only tensors and scalars. 08 packs the weight on every call (packed_weight(..., i_cache=false)):
+// (in_features, out_features) (FunctionCpp.cpp, section 4), since a schema has no type for a
+// pybind11 object. 08 packs the weight on every call (packed_weight(..., i_cache=false)):
 // README, "State without pybind11", measures why.
 #pragma once
 

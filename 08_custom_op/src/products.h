@@ -168,7 +168,7 @@ void grad_input_tpp(LinearState& io_state, const T* i_gy, const T* i_w, T* o_gx,
 // gw (out, in) = gy^T (out, N) x (N, in): gw^T = x^T . gy; x^T packed into panels, gy transposed
 // per thread, block by block. With o_gb, grad_bias (the column sums of gy) comes out of the same
 // pass over gy: the packs of column block nb for the run of tiles from row block 0 sum it, once.
-// Returns false when it could not (no k steps, an empty batch, or in or out == 0); the caller then sums.
+// Returns false when it could not (an empty batch: no k steps; or in or out == 0); the caller then sums.
 template <typename T>
 bool grad_weight_tpp(LinearState& io_state, const T* i_gy, const T* i_x, T* o_gw, T* o_gb, idx N, idx i_in, idx i_out) {
   const auto l_plan = io_state.plan<T>(kGradWeight, N);
