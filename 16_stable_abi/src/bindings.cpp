@@ -127,7 +127,8 @@ STABLE_TORCH_LIBRARY_IMPL(eml_stable, CompositeExplicitAutograd, m) {
 // itself, once the ops are registered: the statics of this file are initialised in order, and
 // this one comes last. It runs Python code while the dynamic loader loads this file, so it does
 // as little as it can: nothing when the process has no Python (a C++ program: Py_IsInitialized
-// is looked up, not linked, and the Python functions below are bound only when first called),
+// is looked up, not linked, and the Python functions below are bound only when first called:
+// lazy binding, the dynamic loader's default, which RTLD_NOW or LD_BIND_NOW=1 would turn off),
 // nothing when the import of the package is what loads this file (ops.py is then in
 // sys.modules, half-way through), and a warning with the cause when the import fails.
 namespace {

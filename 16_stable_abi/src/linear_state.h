@@ -19,14 +19,14 @@
 
 namespace tpp {
 
-// ---- 3. The state: kernels, plans, packed weight ------------------------------------
+// ---- 3. The state: kernels, plans ------------------------------------
 
 // The blocking of the three products (bm, bn, bk) and their tile order, per instruction set:
 // AVX2 and AVX-512 kernels keep register blocks of different sizes (16 or 32 vector registers),
 // so the best tile differs. Chosen by timing candidate blockings with `06_tpp/benchmark.py --blockings`
 // (06's README: the training step): on AVX2 (Zen 3) 64 x 128 tiles in 64-deep k steps, whose 16 KB
-// A block stays in L1, 6-10 points of the probe per product above the 128-deep steps before; on
-// AVX-512 (Zen 5) 128 x 64 tiles in 256-deep k steps, 4-8 points above the 64 x 64 x 128 before.
+// A block stays in L1, 6-10 points of the probe per product above 128-deep steps; on AVX-512
+// (Zen 5) 128 x 64 tiles in 256-deep k steps, 4-8 points above 64 x 64 x 128 tiles.
 struct Config {
   Blocking blocking[3] = {/*forward=*/{64, 128, 64}, /*grad_input=*/{64, 128, 64}, /*grad_weight=*/{64, 128, 64}};
   bool n_outer[3] = {true, true, true};  // column blocks outermost: a thread packs each B block once
@@ -74,10 +74,10 @@ inline void* pack_scratch(int i_product, size_t i_bytes) {
 // [i_c0, i_c1), into a column-major panel (ld i_ld_panel). It packs the forward's W into panels
 // and, in products.h, grad_weight's blocks of gy into B slabs. In 8 x 8 blocks: the block's 8
 // source rows and 8 destination columns stay in L1 while they are read and written, and a full
-// block's fixed trip counts let the compiler unroll and vectorise it. LIBXSMM's libxsmm_otrans did
-// this job before (06's README: the training step, step 7). target_clones compiles it for AVX-512,
-// AVX2 and the baseline and picks one when the module loads (as column_sums in products.h);
-// internal linkage, because GCC exports the resolver.
+// block's fixed trip counts let the compiler unroll and vectorise it; at in = 4096 it halves what
+// LIBXSMM's libxsmm_otrans added to the forward (06's README: the training step, step 7).
+// target_clones compiles it for AVX-512, AVX2 and the baseline and picks one when the module loads
+// (as column_sums in products.h); internal linkage, because GCC exports the resolver.
 namespace {
 template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -111,10 +111,10 @@ constexpr size_t kMaxPlans = 256;
 
 inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests watch it)
 
-// Everything prepared once. In 08: one per (in, out) pair, made by state_for (FunctionCpp.cpp)
+// Everything prepared once. In 16, as in 08: one per (in, out) pair, made by state_for (FunctionCpp.cpp)
 // at the first call with those sizes and kept for the process (in 06: one per layer, pybind11's).
 //
-//   kernel table  every kernel this layer asked LIBXSMM for, by KernelShape, per dtype. The
+//   kernel table  every kernel asked of LIBXSMM for these sizes, by KernelShape, per dtype. The
 //                 constructor fills in what does not depend on the batch size N (below); the
 //                 rest is dispatched at the first call that needs it, then found here.
 //   plans         per (product, batch size N, dtype): a BlockedGemm, its loop bounds and its
@@ -125,10 +125,10 @@ inline std::atomic<int64_t> g_live_states{0};  // LinearStates alive now (tests 
 // fixed by (in, out): the constructor dispatches those, for float32 (the default dtype), by
 // building both plans for N = one full column block. The last, partial column block of an N
 // that is not a multiple of bn, all of grad_weight (which reduces over the batch: its k is N)
-// and float64 (once the layer is used with it) are dispatched lazily and kept here.
+// and float64 (once a call uses it) are dispatched lazily and kept here.
 //
 // JIT code belongs to LIBXSMM for the whole process and is shared by every layer that asks for
-// the same kernel; the destructor frees what the state allocated: the plans.
+// the same kernel. In 16, as in 08, a state lives as long as the process (state_for never destroys one).
 class LinearState {
  public:
   LinearState(int64_t i_in_features, int64_t i_out_features)

@@ -396,7 +396,8 @@ def test_module_is_abi3_and_needs_no_pybind11_nor_torch_python():
 def test_loads_in_a_program_without_python(tmp_path):
     """A C program, no Python in the process, dlopens the module: the registrations run (libtorch
     is C++, it needs no Python) and the import of ops.py is skipped, since every Python function
-    the module calls is bound only when first called and Py_IsInitialized is looked up, not linked."""
+    the module calls is bound only when first called (lazy binding: the program dlopens with
+    RTLD_LAZY) and Py_IsInitialized is looked up, not linked."""
     program = tmp_path / "load.c"
     program.write_text(
         "#include <dlfcn.h>\n#include <stdio.h>\n"
@@ -532,8 +533,11 @@ def test_a_second_copy_of_the_library_is_not_registered_silently(tmp_path):
     load one copy only). This test holds the line that it does not go on as if nothing happened."""
     copy = tmp_path / "_C.abi3.so"
     shutil.copy(_C.__file__, copy)
-    code = f"import torch, eml.linear_stable\ntorch.ops.load_library({str(copy)!r})\nprint('registered twice')"
+    code = (f"import torch, eml.linear_stable\nprint('imported', flush=True)\n"
+            f"torch.ops.load_library({str(copy)!r})\nprint('registered twice')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd="/")
+    # the package imported (the first registration), and the process went no further than the second
+    assert result.stdout.splitlines()[:1] == ["imported"], (result.returncode, result.stdout, result.stderr[-2000:])
     assert result.returncode != 0 and "registered twice" not in result.stdout, (result.returncode, result.stdout)
 
 
