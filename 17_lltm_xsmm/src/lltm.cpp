@@ -124,7 +124,7 @@ static inline float tanh_simd(float u) { return 1.0f - 2.0f / (exp_simd(2.0f * u
 static inline double tanh_simd(double u) { return std::tanh(u); }
 
 // A chunk of at least ~4096 elements per thread: below that, waking a thread costs more than
-// the microseconds of exp and tanh it would take over (1 to 9 ns per element, by CPU and copy: README).
+// the microseconds of exp and tanh it would take over (1 to 9 ns per element, by CPU and copy: stage 11's README).
 static int64_t grain_rows(int64_t state) { return std::max<int64_t>(1, 4096 / std::max<int64_t>(state, 1)); }
 
 // ---- 3. One row of the forward and of the backward: the fused element-wise passes ----
@@ -170,7 +170,7 @@ static void backward_row(const scalar_t* __restrict__ g, const scalar_t* __restr
 
 // -O3 alone compiles for every x86-64 CPU: SSE2, 4 floats per instruction, no fused
 // multiply-add. The same loops compiled a second time for AVX2 + FMA (8 floats, a*b+c in one
-// instruction) run the float32 passes ~3-3.8x faster per element on Zen 3 (README: measured).
+// instruction) run the float32 passes ~3-3.8x faster per element on Zen 3 (stage 11's README: measured).
 // `flatten` inlines the row function (and its exp) into each copy, so each copy's code is
 // generated for its own target; the CPU is asked once, when the module loads, which copy to run.
 template <typename scalar_t>
