@@ -24,7 +24,7 @@ What changed since the linear stages: a new example. The cell (for B rows, F fea
     new_h = tanh(new_cell) * output_gate
 
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
-stages 09-11: ``python -m eml.common.lltm_bench``.
+every installed LLTM stage: ``python -m eml.common.lltm_bench``.
 """
 
 import math

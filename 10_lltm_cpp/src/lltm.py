@@ -18,7 +18,7 @@ ATen calls of _C.forward op by op). The answer to "is it faster?" is in the
 README: C++ removes the interpreter between the ops, not the ops.
 
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
-stages 09-11: ``python -m eml.common.lltm_bench``.
+every installed LLTM stage: ``python -m eml.common.lltm_bench``.
 """
 
 import math

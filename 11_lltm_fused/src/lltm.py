@@ -20,7 +20,7 @@ _C.cell, the same recipe as LLTMFunction in C++ (one call per step from Python);
 stays, the recipe in Python.
 
 Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
-stages 09-11: ``python -m eml.common.lltm_bench``.
+every installed LLTM stage: ``python -m eml.common.lltm_bench``.
 """
 
 import math

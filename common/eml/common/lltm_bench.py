@@ -1,6 +1,7 @@
 """The LLTM benchmark, for every installed LLTM stage, and the tour's LLTM section. It follows
 benchmark.py of pytorch/extension-cpp, the code of PyTorch's tutorial "Custom C++ and CUDA
-Extensions" (the tutorial's text times a similar loop and prints the average per call).
+Extensions" (the tutorial's text times a similar loop: on the CPU it prints the total seconds of
+its calls, on the GPU the average per call in us).
 
     python -m eml.common.lltm_bench              # both shapes, every installed LLTM stage
     python -m eml.common.lltm_bench --threads 1  # torch.set_num_threads(1) first
