@@ -17,7 +17,9 @@ class build_c_library(build_ext):
         return fullname.replace(".", "/") + ".so"  # eml.c_ffi.libeml_add -> eml/c_ffi/libeml_add.so
 
     def get_export_symbols(self, ext):
-        return []  # MSVC only (GCC ignores the list): no PyInit_libeml_add, this is not a Python module
+        # MSVC only (the Unix compiler class never passes the list on): no PyInit_libeml_add, this
+        # is not a Python module
+        return []
 
 
 setup(

@@ -41,7 +41,8 @@ EML_ADD_BACKWARD(f64, double)
 
 /* ---- 3. linear forward: y = x W^T + b ----------------------------------------------------- */
 /* y[r][o] = bias[o] + sum_k x[r][k] * w[o][k]. Both x and w are read along k, their rows are
- * contiguous, so the inner loop walks memory in order (the naive loop of stage 05, in C). */
+ * contiguous, so the inner loop walks memory in order (the loop order of stage 05's textbook
+ * forward, in C; here the sum starts from the bias, where 05 adds the bias after the sum). */
 #define EML_LINEAR_FORWARD(SUFFIX, T)                                                     \
     void eml_linear_forward_##SUFFIX(const T* x, const T* w, const T* bias, T* y,         \
                                      int64_t rows, int64_t in, int64_t out) {             \

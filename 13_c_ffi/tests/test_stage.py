@@ -204,7 +204,7 @@ def test_torch_compile_fullgraph_forward_and_backward():
     """No graph break (fullgraph=True raises on one); the compiled model gives eager's answers and still runs C.
 
     The default backend (Inductor), as a user would call it: it compiles the code around the
-    two opaque operators with a C++ compiler, once per fresh cache (tens of seconds on a 2-core machine)."""
+    two opaque operators with a C++ compiler, once per fresh cache (slow the first time)."""
     torch._dynamo.reset()
     model = Model()
     compiled = torch.compile(model, fullgraph=True)

@@ -55,8 +55,8 @@ def report(handled: dict = HANDLED_FUNCTIONS) -> str:
     """One line: which overridable functions of torch the type handles, and whether the signatures fit.
 
     No total in the line: torch computes its list once, on the first call, from the torch
-    namespace as it is then (in torch 2.13.0, 492 to 500 functions, depending on which torch
-    modules were imported before), so the total is not the same in every process.
+    namespace as it is then (500 functions in torch 2.13.0 in every process we counted), so a
+    total would describe the process, not the type.
     """
     overridable = overridable_in_torch()
     covered = sorted(f"torch.{f.__name__}" for f in handled if f in overridable)
