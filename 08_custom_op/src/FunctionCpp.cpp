@@ -21,7 +21,7 @@
 // Our job is the loop nest around the kernels: cut each of the layer's three products into
 // tiles, reduce every tile in k steps, spread the tiles over the threads, and prepare once
 // everything that can be prepared once (the kernels and the plans; unlike stage 06, this stage
-// packs the weight on every call, section 4).
+// packs the weight on every call, section 6).
 //
 //   forward:   y           = x W^T + b          (N, in) x (in, out)  -> (N, out)
 //   backward:  grad_input  = grad_output W      (N, out) x (out, in) -> (N, in)
