@@ -23,8 +23,8 @@ What changed since the linear stages: a new example. The cell (for B rows, F fea
     new_cell = old_cell + candidate_cell * input_gate
     new_h = tanh(new_cell) * output_gate
 
-Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
-every installed LLTM stage: ``python -m eml.common.lltm_bench``.
+Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the CPU benchmark
+of every installed LLTM stage (09-11, 17; 12 has its own): ``python -m eml.common.lltm_bench``.
 """
 
 import math

@@ -17,8 +17,8 @@ LLTMFunction, so that lltm.cpp's hand-written backward runs (autograd would othe
 ATen calls of _C.forward op by op). The answer to "is it faster?" is in the
 README: C++ removes the interpreter between the ops, not the ops.
 
-Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
-every installed LLTM stage: ``python -m eml.common.lltm_bench``.
+Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the CPU benchmark
+of every installed LLTM stage (09-11, 17; 12 has its own): ``python -m eml.common.lltm_bench``.
 """
 
 import math

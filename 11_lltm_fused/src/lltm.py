@@ -19,8 +19,8 @@ saves, measured). The backward tells C++ which GEMMs autograd needs. LLTM.forwar
 _C.cell, the same recipe as LLTMFunction in C++ (one call per step from Python); LLTMFunction
 stays, the recipe in Python.
 
-Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the benchmark of
-every installed LLTM stage: ``python -m eml.common.lltm_bench``.
+Run it: ``pip install --no-build-isolation .`` here, then ``pytest tests``; the CPU benchmark
+of every installed LLTM stage (09-11, 17; 12 has its own): ``python -m eml.common.lltm_bench``.
 """
 
 import math

@@ -15,7 +15,8 @@ around 11's fused passes:
 What changed since stage 11: nothing in this file but this docstring; lltm.cpp's section 3c.
 
 Run it: ``pip install --no-build-isolation .`` here (LIBXSMM 1.17 first: README), then ``pytest
-tests``; the benchmark of every LLTM stage: ``python -m eml.common.lltm_bench``."""
+tests``; the CPU benchmark of every installed LLTM stage (09-11, 17; 12 has its own): ``python -m
+eml.common.lltm_bench``."""
 
 import math
 
