@@ -26,6 +26,8 @@
 // the float32 loops are compiled twice, for any x86-64 (SSE2) and for AVX2 + FMA, and the CPU
 // picks the copy at run time (section 3b). Section 6 is new too: the whole cell as one C++
 // autograd node (cell), which LLTM.forward calls; LLTMFunction keeps the recipe in Python.
+// The checks ask for CPU tensors: the fused passes read data pointers on the host, so this file
+// is not device-generic as stage 10's is.
 // Build: pip install --no-build-isolation ./11_lltm_fused   (or JIT: eml.lltm_fused.jit.build())
 
 #include <torch/extension.h>
@@ -57,6 +59,7 @@ static void check_inputs(const at::Tensor& input, const at::Tensor& weights, con
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == input.scalar_type(),
                 kStage, ": ", name, " is ", tensor->scalar_type(), " but input is ", input.scalar_type());
+    // Unlike stage 10, not device-generic: the fused passes read the data pointers on the host.
     TORCH_CHECK(tensor->device().is_cpu(), kStage, ": ", name, " must be a CPU tensor, got device ", tensor->device());
   }
   TORCH_CHECK(input.dim() == 2, kStage, ": input must be 2-D (batch, features), got shape ", input.sizes());

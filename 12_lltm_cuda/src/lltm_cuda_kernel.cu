@@ -10,7 +10,7 @@
 // kernel as well. The two matrix products stay on cuBLAS (through at::addmm / at::mm in
 // lltm_cuda.cpp): nothing written here would beat cuBLAS at a GEMM.
 //
-// What changed since stage 11 (the fused CPU passes, lltm.cpp sections 3 and 4): the loop over
+// What changed since stage 11 (the fused CPU passes, lltm.cpp sections 2, 3 and 3b): the loop over
 // (row, column) that 11 runs with at::parallel_for becomes a grid of GPU threads, one thread per
 // (row, column) element; each thread does what one iteration of 11's forward_row / backward_row
 // does, with the same choice of what to keep: the forward saves nothing but the pre-activation

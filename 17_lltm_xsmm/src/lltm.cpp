@@ -59,6 +59,7 @@ static void check_inputs(const at::Tensor& input, const at::Tensor& weights, con
   for (const auto& [name, tensor] : tensors) {
     TORCH_CHECK(tensor->scalar_type() == input.scalar_type(),
                 kStage, ": ", name, " is ", tensor->scalar_type(), " but input is ", input.scalar_type());
+    // Unlike stage 10, not device-generic: the fused passes read the data pointers on the host.
     TORCH_CHECK(tensor->device().is_cpu(), kStage, ": ", name, " must be a CPU tensor, got device ", tensor->device());
   }
   TORCH_CHECK(input.dim() == 2, kStage, ": input must be 2-D (batch, features), got shape ", input.sizes());
