@@ -28,7 +28,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # No debug information in the extensions `make` builds (and the install routes the tests build):
 # Python's own flags (sysconfig's CFLAGS: -DNDEBUG -g -fwrapv -O3 -Wall ...) carry -g, and for a
 # translation unit that includes torch's headers, -g costs a third to a half of the compile time and
-# makes the objects about 30 times larger. setuptools takes CFLAGS from the environment in place of
+# makes the objects about 30 times larger (measured on a 2-core Zen 3: README). setuptools takes CFLAGS from the environment in place of
 # Python's, so CFLAGS is Python's flags followed by -g0 (the last -g wins); one set on make's
 # command line or in the environment replaces it. A stage built by hand (pip install
 # --no-build-isolation ./NN_stage, or setup.py install) keeps Python's flags, -g included: that is
@@ -50,7 +50,7 @@ setup:
 # Build order: the stages whose C++ is one translation unit (or none) first, those with several
 # last. One unit is one compiler on one core; ninja compiles a stage's several units side by side.
 # So the builds still running at the end can use both cores, instead of one single-unit stage
-# finishing alone on one (stage 17 did, for its last minute, when the order was by number).
+# finishing alone on one (stage 17, the last by number, would).
 units = $(words $(wildcard $(1)/src/*.cpp $(1)/src/*.cu))
 ONE_UNIT    := $(foreach stage,$(STAGES),$(if $(filter 0 1,$(call units,$(stage))),$(stage)))
 BUILD_ORDER := $(ONE_UNIT) $(filter-out $(ONE_UNIT),$(STAGES))
@@ -61,7 +61,16 @@ stamps: $(STAMPS)/libxsmm $(STAMPS)/common $(BUILD_ORDER:%=$(STAMPS)/%)
 $(STAMPS)/venv: requirements.txt
 	@mkdir -p $(STAMPS)
 	@echo "==> creating $(VENV) and installing requirements.txt"
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if [ -e $(VENV) ] && ! $(PY) -m pip --version >/dev/null 2>&1; then \
+	    echo "    $(VENV) has no working pip (a venv that failed half-way?): creating it again"; \
+	    rm -rf $(VENV); \
+	fi
+	@if [ ! -e $(VENV) ] && ! $(PYTHON) -m venv $(VENV); then \
+	    rm -rf $(VENV); \
+	    echo "'$(PYTHON) -m venv' failed. On Debian/Ubuntu the system Python needs its venv package:"; \
+	    echo "    sudo apt-get install -y python3-venv"; \
+	    exit 1; \
+	fi
 	@start=$$(date +%s); $(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt \
 	    && echo "    $(VENV): done in $$(( $$(date +%s) - start )) s"
 	@touch $@
