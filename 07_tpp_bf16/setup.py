@@ -28,7 +28,7 @@ setup(
     packages=["eml.linear_tpp_bf16"],
     package_dir={"eml.linear_tpp_bf16": "src"},  # the package's sources (Python and C++) are in src/
     # The compiled module eml.linear_tpp_bf16._C. -fopenmp turns on at::parallel_for's threads;
-    # it is a compile flag only, so _C uses the OpenMP runtime torch loaded (README: one libgomp).
+    # it is a compile flag only, so _C uses the OpenMP runtime torch loaded (06's README: one libgomp).
     # No -march=native: LIBXSMM picks the instruction set when it generates a kernel, at run time.
     ext_modules=[
         CppExtension(

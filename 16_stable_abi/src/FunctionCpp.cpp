@@ -41,7 +41,7 @@
 //
 // What changed since stage 08: torch::stable::Tensor and the ops of torch/csrc/stable/ops.h
 // (contiguous, flatten, reshape, to, empty, parallel_for) for ATen's, each a call through the C
-// shim into libtorch's dispatcher; TPP_CHECK (kernel.h) for TORCH_CHECK; the dtype switch built
+// shim (all but parallel_for into libtorch's dispatcher); TPP_CHECK (kernel.h) for TORCH_CHECK; the dtype switch built
 // from torch/headeronly's THO_ macros for AT_DISPATCH_FLOATING_TYPES; no pack cache
 // (linear_state.h). The kernels, the loop nest and the checks are 08's. Messages start with
 // "linear_stable:".
@@ -160,11 +160,10 @@ LinearState& state_for(int64_t i_in_features, int64_t i_out_features) {
 namespace {
 
 // New in 16: every tensor op of torch/csrc/stable/ops.h that this stage calls (empty,
-// contiguous, flatten, unsqueeze, reshape, to) is a boxed call through the dispatcher, a few
-// tenths of a microsecond each (README, "08 against 16"), even when it has
-// nothing to do. The three helpers below skip the call when the answer is the tensor itself: a
-// 2-d tensor needs no flatten or reshape, a contiguous one no copy (is_contiguous() asks the
-// shim, not the dispatcher).
+// contiguous, flatten, unsqueeze, reshape, to) is a boxed call through the dispatcher (README,
+// "08 against 16"), even when it has nothing to do. The three helpers below skip the call when
+// the answer is the tensor itself: a 2-d tensor needs no flatten or reshape, a contiguous one no
+// copy (is_contiguous() asks the shim, not the dispatcher).
 
 // (*, features) -> (N, features), N the product of the leading sizes (1 for a 1-d tensor).
 // A view where the strides allow it, else a copy; flatten handles 0-size dimensions too.

@@ -42,15 +42,15 @@ inline Config default_config() {
 }
 
 // Scratch memory for the packs that serve one call alone: W in the forward (every call here), W^T
-// in grad_input, x^T in grad_weight. Each is several MB on large layers. Made with stable::empty
-// on every call, each would be fresh memory whenever glibc has handed the last one back to the
-// system (it does, for big blocks freed at the top of the heap), and the first write to each 4 KB
-// page of fresh memory is a page fault, paid again on every call (06's README: the training step,
-// step 6). So each calling thread keeps one buffer per product, grown to the largest pack it has
-// made, and packs into it again on the next call. No other call can be reading it: a call runs to
-// its end on the thread that made it (parallel_for's workers only help it). The buffers live as
-// long as the thread, as oneDNN's per-thread scratchpad and MKL's buffers do: a thread that once
-// packed a large layer keeps that much memory.
+// in grad_input, x^T in grad_weight. Each is several MB on large layers. Made with at::empty on
+// every call, each would be fresh memory whenever glibc has handed the last one back to the system
+// (it does, for big blocks freed at the top of the heap), and the first write to each 4 KB page of
+// fresh memory is a page fault, paid again on every call (06's README: the training step, step 6).
+// So each calling thread keeps one buffer per product, grown to the largest pack it has made, and
+// packs into it again on the next call. No other call can be reading it: a call runs to its end on
+// the thread that made it (parallel_for's workers only help it). The buffers live as long as the
+// thread, as oneDNN's per-thread scratchpad and MKL's buffers do: a thread that once packed a
+// large layer keeps that much memory.
 inline void* pack_scratch(int i_product, size_t i_bytes) {
   struct Buffer {
     void* data = nullptr;
