@@ -42,7 +42,7 @@ inline Config default_config() {
 }
 
 // Scratch memory for the packs that serve one call alone: W in the forward (every call here), W^T
-// in grad_input, x^T in grad_weight. Each is several MB on large layers. Made with at::empty on
+// in grad_input, x^T in grad_weight. Each is several MB on large layers. Made with torch::stable::empty on
 // every call, each would be fresh memory whenever glibc has handed the last one back to the system
 // (it does, for big blocks freed at the top of the heap), and the first write to each 4 KB page of
 // fresh memory is a page fault, paid again on every call (06's README: the training step, step 6).
