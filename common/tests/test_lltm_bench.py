@@ -85,3 +85,25 @@ def test_no_garbage_collection_inside_the_timed_calls():
     lltm_bench.time_cells({"probe": Probe}, SHAPES[0], runs=RUNS, rounds=ROUNDS, warmup=WARMUP)
     assert enabled == [True] * WARMUP + [False] * (RUNS * ROUNDS)
     assert gc.isenabled()
+
+
+def test_the_floor_cell_computes_nothing_but_has_a_cells_shapes_and_gradients():
+    features, state = 3, 4
+    cell = lltm_bench.FloorCell(features, state)
+    reference = ReferenceLLTM(features, state)
+    assert {name: p.shape for name, p in cell.named_parameters()} == \
+        {name: p.shape for name, p in reference.named_parameters()}, "time_cells loads the first cell's state_dict"
+    input, old_h, old_cell = torch.randn(2, features), torch.randn(2, state), torch.randn(2, state)
+    new_h, new_cell = cell(input, (old_h, old_cell))
+    assert new_h.shape == old_h.shape and new_cell.shape == old_cell.shape
+    torch.autograd.backward([new_h, new_cell], [torch.ones_like(new_h), torch.ones_like(new_cell)])
+    assert cell.weights.grad.shape == cell.weights.shape and cell.bias.grad.shape == cell.bias.shape
+    assert lltm_bench.saved_bytes(lltm_bench.FloorCell, (2, features, state)) == 0
+
+
+def test_the_floor_row_is_timed_beside_the_cells():
+    lines = []
+    lltm_bench.benchmark({"reference": ReferenceLLTM, lltm_bench.FLOOR_LABEL: lltm_bench.FloorCell}, [SHAPES[0]],
+                         runs=RUNS, rounds=ROUNDS, out=lines.append)
+    floor_line = next(line for line in lines if lltm_bench.FLOOR_LABEL in line)
+    assert "Forward:" in floor_line and "Backward:" in floor_line and "saved 0 KiB" in floor_line, floor_line

@@ -6,6 +6,7 @@ its calls, on the GPU the average per call in us).
     python -m eml.common.lltm_bench              # both shapes, every installed LLTM stage
     python -m eml.common.lltm_bench --threads 1  # torch.set_num_threads(1) first
     python -m eml.common.lltm_bench --quick      # the tutorial's shape, a few runs
+    python -m eml.common.lltm_bench --floor      # and a last row: a cell that computes nothing
 
 Per cell and shape it prints benchmark.py's line (``Forward: {min}/{avg} us | Backward {min}/{avg} us``;
 here with a colon after Backward and one decimal),
@@ -134,6 +135,39 @@ def saved_bytes(make_cell, shape, dtype=torch.float32, device="cpu"):
     return sum(size for pointer, size in saved.items() if pointer not in known)
 
 
+class _NothingComputed(torch.autograd.Function):
+    """One autograd node that allocates what an LLTM cell returns and computes none of it."""
+
+    @staticmethod
+    def forward(ctx, input, weights, bias, old_h, old_cell):
+        ctx.parameter_shapes = weights.shape, bias.shape
+        return torch.empty_like(old_h), torch.empty_like(old_cell)
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_cell):
+        weights_shape, bias_shape = ctx.parameter_shapes
+        return None, grad_h.new_empty(weights_shape), grad_h.new_empty(bias_shape), None, None
+
+
+class FloorCell(torch.nn.Module):
+    """Not an LLTM: a cell with the LLTM's parameters and interface whose one autograd node
+    computes nothing (its outputs and gradients are allocated, never written). Timed with the
+    same loop as the cells (--floor), its row is what a step costs around any cell's arithmetic:
+    the module call, a Python autograd.Function, autograd's engine, the gradients handed to the
+    parameters. A cell whose node is C++ (stages 10, 11, 17) can come in a little under it."""
+
+    def __init__(self, input_features, state_size):
+        super().__init__()
+        self.weights = torch.nn.Parameter(torch.zeros(3 * state_size, input_features + state_size))
+        self.bias = torch.nn.Parameter(torch.zeros(3 * state_size))
+
+    def forward(self, input, state):
+        return _NothingComputed.apply(input, self.weights, self.bias, *state)
+
+
+FLOOR_LABEL = "floor (computes nothing)"
+
+
 def format_us(values):
     return f"{min(values) * 1e6:.1f}/{statistics.fmean(values) * 1e6:.1f} us"
 
@@ -234,6 +268,8 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=100, help="calls per cell per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU stage")
+    parser.add_argument("--floor", action="store_true",
+                        help="add a last row: FloorCell, a cell that computes nothing (what any cell's step costs around it)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -241,6 +277,8 @@ def main(argv=None):
     if not makers:
         print("no LLTM stage is installed: pip install --no-build-isolation ./09_lltm_python (and 10, 11)")
         return 1
+    if args.floor:
+        makers[FLOOR_LABEL] = FloorCell
     runs, rounds = (20, 1) if args.quick else (args.runs, args.rounds)
     print(header(runs, rounds, args.device), flush=True)
     benchmark(makers, SHAPES[:1] if args.quick else SHAPES, runs=runs, rounds=rounds, device=args.device,
