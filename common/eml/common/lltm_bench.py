@@ -154,7 +154,7 @@ class FloorCell(torch.nn.Module):
     computes nothing (its outputs and gradients are allocated, never written). Timed with the
     same loop as the cells (--floor), its row is what a step costs around any cell's arithmetic:
     the module call, a Python autograd.Function, autograd's engine, the gradients handed to the
-    parameters. A cell whose node is C++ (stages 10, 11, 17) can come in a little under it."""
+    parameters. A cell whose node is C++ (stages 11, 17: _C.cell) can come in a little under it."""
 
     def __init__(self, input_features, state_size):
         super().__init__()
@@ -268,8 +268,8 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=100, help="calls per cell per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU stage")
-    parser.add_argument("--floor", action="store_true",
-                        help="add a last row: FloorCell, a cell that computes nothing (what any cell's step costs around it)")
+    parser.add_argument("--floor", action="store_true", help="add a last row: FloorCell, a cell that computes "
+                        "nothing (what a step costs around any cell's arithmetic)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
