@@ -29,8 +29,8 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 # Python's own flags (sysconfig's CFLAGS: -DNDEBUG -g -fwrapv -O3 -Wall ...) carry -g, and for a
 # translation unit that includes torch's headers, -g costs a third to a half of the compile time
 # (measured on a 2-core Zen 3: README) and makes the modules several times larger (stage 08's:
-# 8108776 bytes against 946232, 16's README). setuptools takes CFLAGS from the environment in place of
-# Python's, so CFLAGS is Python's flags followed by -g0 (the last -g wins); one set on make's
+# 8108776 bytes against 946232, 16's README). setuptools takes CFLAGS from the environment in
+# place of Python's, so CFLAGS is Python's flags followed by -g0 (the last -g wins); one set on make's
 # command line or in the environment replaces it. A stage built by hand (pip install
 # --no-build-isolation ./NN_stage, or setup.py install) keeps Python's flags, -g included: that is
 # the build to debug.

@@ -2,8 +2,8 @@
 
 Some tests build C++ themselves: the JIT route of stages 03, 10, 11 and 17, stage 12's kernels
 emulated on the CPU, and the install routes of tests/test_install_routes.py. Each such build is
-a minute or two of compiling on a 2-core Zen 3, most of it one compiler process on one core, while the rest of the
-suite (small tensors, Python-bound) leaves the second core of a 2-core machine mostly idle.
+a minute or two of compiling on a 2-core Zen 3, most of it one compiler process on one core,
+while the rest of the suite (small tensors, Python-bound) leaves the second core of a 2-core machine mostly idle.
 
 So a test module may define `build_in_background(folder)`: the same build its tests make, into
 `folder`. When the session has collected its tests, this file starts one process, at the lowest
@@ -62,8 +62,8 @@ def pytest_collection_modifyitems(items):
     """The tests that use the background builds run last, in their order: the other tests run
     while the builds compile. (A test that reaches its build before the background has made it
     waits for it, and leaves a core idle: stage 11's JIT test and stage 12's emulated kernels
-    each waited about 50 s in their place, on a 2-core Zen 3.) Module-scoped fixtures of a module split in two are
-    simply set up again for its second part."""
+    each waited about 50 s in their place, on a 2-core Zen 3.) Module-scoped fixtures of a module
+    split in two are simply set up again for its second part."""
     last = [item for item in items if "background_builds" in getattr(item, "fixturenames", ())]
     if last:
         first = [item for item in items if "background_builds" not in getattr(item, "fixturenames", ())]

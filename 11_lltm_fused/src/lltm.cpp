@@ -25,9 +25,8 @@
 // without branches the compiler cannot turn into selects, so that it vectorises (section 2);
 // the float32 loops are compiled twice, for any x86-64 (SSE2) and for AVX2 + FMA, and the CPU
 // picks the copy at run time (section 3b). Section 6 is new too: the whole cell as one C++
-// autograd node (cell), which LLTM.forward calls; LLTMFunction keeps the recipe in Python.
-// The checks ask for CPU tensors: the fused passes read data pointers on the host, so this file
-// is not device-generic as stage 10's is.
+// autograd node (cell), which LLTM.forward calls; LLTMFunction keeps the recipe in Python. The
+// checks ask for CPU tensors (section 1 says why).
 // Build: pip install --no-build-isolation ./11_lltm_fused   (or JIT: eml.lltm_fused.jit.build())
 
 #include <torch/extension.h>

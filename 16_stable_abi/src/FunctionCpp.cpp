@@ -43,7 +43,8 @@
 // (contiguous, flatten, unsqueeze, reshape, to, empty, parallel_for) for ATen's, each a call
 // through the C shim (all but parallel_for into libtorch's dispatcher); TPP_CHECK (kernel.h) for
 // TORCH_CHECK; the dtype switch built from torch/headeronly's THO_ macros for
-// AT_DISPATCH_FLOATING_TYPES; no pack cache (linear_state.h). The kernels, the loop nest and the checks are 08's. Messages start with
+// AT_DISPATCH_FLOATING_TYPES; no pack cache (linear_state.h). The kernels, the loop nest and
+// the checks are 08's. Messages start with
 // "linear_stable:".
 // Build and test (LIBXSMM first: `sudo apt-get install -y libxsmm-dev`, or `make` at the root):
 //   pip install --no-build-isolation .   then   pytest tests
