@@ -259,7 +259,8 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
 //                                            C transposed into the row-major gates, + b
 //   d_weights  (3S x K) = d_gates^T X        C = d_weights^T (K x 3S) = d_weights' memory; A = X^T
 //                                            = old_h^T, then input^T (the memory of each), in
-//                                            panels (below); B = d_gates, from its memory, TRANS_B
+//                                            panels (below); B = d_gates (B x 3S) column-major:
+//                                            each thread's columns of it copied into that order
 //   d_X        (B x K) = d_gates W           C = d_X^T (K x B) = d_X's memory; A = W^T = W's memory;
 //                                            B = d_gates^T = d_gates' memory
 //
@@ -320,8 +321,9 @@ static typename Xsmm<scalar_t>::Fn xsmm_kernel(int64_t m, int64_t n, int64_t k, 
 // - row_block: d_weights reads A = input's memory, whose columns (the input's rows) lie
 //   F floats apart: 4 KiB for F = 1024. Addresses 4 KiB apart share an L1 set, so a kernel
 //   walking such columns evicts its own data. A block of 64 rows of A, copied into a contiguous
-//   panel, is read without that conflict.
-// 0 means no blocks: one kernel over the whole dimension, on the operand where it lies.
+//   panel, is read without that conflict. With these blocks each thread also copies its columns
+//   of d_gates once, so that B is read as stored (no TRANS_B), the faster of the two on AVX2.
+// 0 means no blocks: one kernel over the whole dimension, on the operands where they lie.
 // Settable (set_block_sizes) so that breakdown.py can time both and the tests can use odd sizes.
 static std::atomic<int64_t> depth_block{64}, row_block{64};
 
@@ -393,11 +395,23 @@ static void gates_product(const scalar_t* input, const scalar_t* old_h, const sc
   const int64_t k = state + features, columns = 3 * state;
   const auto size = static_cast<unsigned int>(sizeof(scalar_t));
   // X, column-major (B x K): column j is feature j of every row. old_h's memory is the
-  // column-major (S x B) old_h^T: its transpose fills columns 0..S-1, input's the rest.
-  if (state > 0) libxsmm_otrans(x_columns, old_h, size, /*m=*/state, /*n=*/batch, /*ldi=*/state, /*ldo=*/batch);
-  if (features > 0) {
-    libxsmm_otrans(x_columns + state * batch, input, size, /*m=*/features, /*n=*/batch, /*ldi=*/features, /*ldo=*/batch);
-  }
+  // column-major (S x B) old_h^T: its transpose fills columns 0..S-1, input's the rest. Every
+  // thread's product reads all of X, so X is complete before they start. The copy is cut among
+  // the threads too, by columns, at least ~32 K elements each: at (64, 1024, 128) each thread
+  // copies half of X (on one thread the copy was a few per cent of the forward: README); at
+  // (16, 32, 128) the calling thread copies it all.
+  at::parallel_for(0, k, std::max<int64_t>(1, (int64_t(1) << 15) / batch), [&](int64_t first, int64_t last) {
+    if (first < state) {  // columns first..min(last, S) from old_h
+      libxsmm_otrans(x_columns + first * batch, old_h + first, size, /*m=*/std::min(last, state) - first, /*n=*/batch,
+                     /*ldi=*/state, /*ldo=*/batch);
+    }
+    if (last > state) {  // columns max(first, S)..last from input
+      const int64_t from = std::max(first, state);
+      libxsmm_otrans(x_columns + from * batch, input + (from - state), size, /*m=*/last - from, /*n=*/batch,
+                     /*ldi=*/features, /*ldo=*/batch);
+    }
+    clear_upper_vector_state();
+  });
   split_among_threads(columns, batch * columns * k, [&](int64_t first, int64_t last) {
     // gates[:, first:last] column-major (B x n) = X (B x K) . W^T[:, first:last] (K x n)
     product_in_depth_blocks(x_columns, weights + first * k, gates_columns + first * batch, /*m=*/batch,
@@ -417,16 +431,22 @@ static void d_weights_product(const scalar_t* d_gates, const scalar_t* input, co
                            int64_t batch, int64_t features, int64_t state) {
   const int64_t k = state + features, rows = 3 * state;
   split_among_threads(rows, rows * k * batch, [&](int64_t first, int64_t last) {
-    // d_weights^T[:, first:last] column-major (K x n) = X^T (K x B) . d_gates[:, first:last] (B x n),
-    // d_gates read as the transpose of its memory (TRANS_B); X^T's rows from old_h^T (S), then
-    // from input^T (F), row_block at a time, each block copied into a contiguous panel first
-    const int64_t step = row_block.load();
-    std::vector<scalar_t> panel(step * batch);
+    // d_weights^T[:, first:last] column-major (K x n) = X^T (K x B) . d_gates[:, first:last] (B x n);
+    // X^T's rows from old_h^T (S), then from input^T (F), row_block at a time, each block copied
+    // into a contiguous panel first. d_gates[:, first:last], column-major, is d_gates' memory read
+    // transposed; with blocks it is copied once into that orientation (B x n, ld = B): LIBXSMM 1.17's
+    // AVX2 kernels run slower on a transposed B than on a plain one (README: section 3c's products).
+    const int64_t step = row_block.load(), n = last - first;
+    std::vector<scalar_t> panel(step * batch), d_gates_columns(step > 0 ? batch * n : 0);
+    if (step > 0) {
+      libxsmm_otrans(d_gates_columns.data(), d_gates + first, static_cast<unsigned int>(sizeof(scalar_t)), /*m=*/n,
+                     /*n=*/batch, /*ldi=*/rows, /*ldo=*/batch);
+    }
     const std::pair<const scalar_t*, int64_t> parts[] = {{old_h, state}, {input, features}};
     int64_t row_of_x_t = 0;  // where the part's rows start among X^T's K
     for (const auto& [source, width] : parts) {  // source: row-major (B x width) = column-major (width x B)
-      if (step == 0 && width > 0) {  // no blocks: one kernel on the part where it lies, lda = width
-        const auto kernel = xsmm_kernel<scalar_t>(width, last - first, batch, /*lda=*/width, /*ldb=*/rows, /*ldc=*/k,
+      if (step == 0 && width > 0) {  // no blocks: one kernel on the part and d_gates where they lie
+        const auto kernel = xsmm_kernel<scalar_t>(width, n, batch, /*lda=*/width, /*ldb=*/rows, /*ldc=*/k,
                                                   /*trans_b=*/true);
         kernel(source, d_gates + first, d_weights + first * k + row_of_x_t);
       }
@@ -435,9 +455,9 @@ static void d_weights_product(const scalar_t* d_gates, const scalar_t* input, co
         for (int64_t row = 0; row < batch; ++row) {  // panel: column-major (height x B), ld = height
           std::copy_n(source + row * width + block, height, panel.data() + row * height);
         }
-        const auto kernel = xsmm_kernel<scalar_t>(height, last - first, batch, /*lda=*/height, /*ldb=*/rows, /*ldc=*/k,
-                                                  /*trans_b=*/true);
-        kernel(panel.data(), d_gates + first, d_weights + first * k + row_of_x_t + block);
+        const auto kernel = xsmm_kernel<scalar_t>(height, n, batch, /*lda=*/height, /*ldb=*/batch, /*ldc=*/k,
+                                                  /*trans_b=*/false);
+        kernel(panel.data(), d_gates_columns.data(), d_weights + first * k + row_of_x_t + block);
       }
       row_of_x_t += width;
     }

@@ -161,11 +161,13 @@ def test_setup_py_route_is_a_compiled_module_in_the_package():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("shape", [Shape(1, 1, 1), Shape(3, 5, 31), Shape(7, 13, 33), Shape(5, 17, 9), Shape(64, 1024, 128),
-                                   Shape(2, 3, 257), Shape(5, 200, 70), Shape(4, 6, 0)], ids=str)
+                                   Shape(2, 3, 257), Shape(5, 200, 70), Shape(4, 6, 0), Shape(64, 100, 700)], ids=str)
 def test_the_gemms_match_atens(shape, dtype):
     """gates against ATen's addmm on the same operands; the outputs and five gradients of the
     Function against the reference cell (common's helpers), at shapes that include the
-    benchmark's large one (every GEMM split among threads) and a 1-row one."""
+    benchmark's large one (every GEMM split among threads, and X's transposed copy: its first
+    thread's columns run from old_h into the input) and a 1-row one. On 2 threads B64xF100xS700
+    splits X's 800 columns at 400: the second thread's run from the middle of old_h into the input."""
     input, weights, bias, old_h, old_cell = make_arguments(shape, dtype)
     X = torch.cat([old_h, input], dim=1)
     _, _, gates = _C.forward(input, weights, bias, old_h, old_cell)
@@ -234,3 +236,4 @@ def test_libxsmm_stays_inside_the_module():
     symbols = subprocess.run(["nm", "-D", "--defined-only", _C.__file__], capture_output=True, text=True, check=True).stdout
     leaked = [line.split()[-1] for line in symbols.splitlines() if re.search(r"\b(libxsmm_\w+|[sd]gemm_?)$", line)]
     assert not leaked, f"_C exports LIBXSMM symbols: {leaked[:5]}"
+
