@@ -7,6 +7,11 @@ LLTMFunction.
     python 17_lltm_xsmm/breakdown.py                      # both benchmark shapes, all threads
     python 17_lltm_xsmm/breakdown.py --threads 1
     python 17_lltm_xsmm/breakdown.py --block-sizes 32,128 # other blocks (depth, rows; 0: none)
+    python 17_lltm_xsmm/breakdown.py --against /tmp/_C_before.so   # beside another build (below)
+
+--against times another build of the module beside this one, in the same process: copy the
+installed module's file before a change (python -c "import eml.lltm_xsmm._C as m; print(m.__file__)"
+names it), rebuild with the change, then pass the copy. Its rows are marked "(before)".
 
 Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (new in 17:
 single runs of stage 11's version moved by 30 % between runs on a 2-core Zen 5 virtual machine), float32, inputs
@@ -14,6 +19,8 @@ without requires_grad as in the LLTM benchmark. The rows do not add up exactly: 
 """
 
 import argparse
+import importlib.util
+import os
 import statistics
 
 import torch
@@ -49,7 +56,20 @@ def unblocked(function, *arguments):
         _C.set_block_sizes(*blocks)
 
 
-def breakdown(shape, threads):
+def load_other_build(path):
+    """Another build of the module (a copy of its .so file), imported beside eml.lltm_xsmm._C under
+    the top-level name _C, the name its initialisation function (PyInit__C) answers to."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"breakdown.py: --against {path}: no such file")
+    spec = importlib.util.spec_from_file_location("_C", path)
+    if spec is None:
+        raise SystemExit(f"breakdown.py: --against {path}: not a Python extension module's file (a .so)")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def breakdown(shape, threads, before=None):
     batch, features, state = shape
     torch.manual_seed(0)
     cell = LLTM(features, state)
@@ -76,6 +96,13 @@ def breakdown(shape, threads):
     }
     if stage11 is None:
         rows = {label: statement for label, statement in rows.items() if "stage11" not in statement}
+    if before is not None:  # the same C++ passes and module step on the other build
+        env["before"] = before
+        rows.update({
+            "C++ forward (before)": "before.forward(x, w, b, h, c)",
+            "C++ backward (before)": "before.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
+            "module forward + backward, _C.cell (before)": step.format("before.cell(x, cell.weights, cell.bias, h, c)"),
+        })
     return median_us(rows, env, threads)
 
 
@@ -85,14 +112,19 @@ def main(argv=None):
     parser.add_argument("--block-sizes", type=lambda text: tuple(int(v) for v in text.split(",")), default=None,
                         metavar="DEPTH,ROWS", help="the GEMMs' block sizes (default: the module's, %s; 0: no blocks)"
                         % ",".join(map(str, _C.block_sizes())))
+    parser.add_argument("--against", metavar="SO_FILE", default=None,
+                        help="another build of the module (a copy of its .so) to time beside this one")
     args = parser.parse_args(argv)
+    before = load_other_build(args.against) if args.against else None
     if args.block_sizes is not None:
         _C.set_block_sizes(*args.block_sizes)
+        if before is not None:
+            before.set_block_sizes(*args.block_sizes)
     depth, rows = _C.block_sizes()
     print(f"stage 17, where the time goes: float32, {args.threads} threads, median us per call, blocks {depth} deep "
           f"and {rows} rows; CPU: {cpu_name()}")
     for shape in SHAPES:
-        times = breakdown(shape, args.threads)
+        times = breakdown(shape, args.threads, before)
         print(f"  batch {shape[0]}, features {shape[1]}, state {shape[2]}:")
         for label, us in times.items():
             print(f"    {label:50s} {us:8.1f}")

@@ -4,6 +4,7 @@ module called directly; the SSE2 and AVX2 copies; what the Function saves; one O
 both build routes), and what is new: the GEMMs against ATen's on awkward shapes and with
 strided inputs, no ATen matrix product left in the source, LIBXSMM kept inside the module."""
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -237,3 +238,38 @@ def test_libxsmm_stays_inside_the_module():
     leaked = [line.split()[-1] for line in symbols.splitlines() if re.search(r"\b(libxsmm_\w+|[sd]gemm_?)$", line)]
     assert not leaked, f"_C exports LIBXSMM symbols: {leaked[:5]}"
 
+
+def _breakdown_script():
+    """17's breakdown.py as a module (it is a script beside the package, not part of it)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "breakdown.py"
+    spec = importlib.util.spec_from_file_location("breakdown_17", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_breakdown_loads_another_build_beside_this_one(tmp_path):
+    """breakdown.py --against: a copy of the module's file, imported beside eml.lltm_xsmm._C, is a
+    second module (its own block sizes) that computes the same cell."""
+    copy = tmp_path / "_C_before.so"
+    shutil.copy(_C.__file__, copy)
+    before = _breakdown_script().load_other_build(str(copy))
+    assert before is not _C and before.__file__ == str(copy)
+    arguments = make_arguments(Shape(5, 7, 13), torch.float64)
+    for got, want in zip(before.forward(*arguments), _C.forward(*arguments)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    before.set_block_sizes(0, 0)
+    try:
+        assert _C.block_sizes() == (64, 64)
+    finally:
+        before.set_block_sizes(64, 64)
+
+
+def test_breakdown_names_a_file_it_cannot_load(tmp_path):
+    load = _breakdown_script().load_other_build
+    with pytest.raises(SystemExit, match=r"--against .*missing\.so: no such file"):
+        load(str(tmp_path / "missing.so"))
+    text = tmp_path / "notes.txt"
+    text.write_text("not a module")
+    with pytest.raises(SystemExit, match=r"--against .*notes\.txt: not a Python extension module's file"):
+        load(str(text))
