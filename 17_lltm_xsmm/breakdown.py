@@ -11,7 +11,9 @@ LLTMFunction.
 
 --against times another build of the module beside this one, in the same process: copy the
 installed module's file before a change (python -c "import eml.lltm_xsmm._C as m; print(m.__file__)"
-names it), rebuild with the change, then pass the copy. Its rows are marked "(before)".
+names it), rebuild with the change, then pass the copy. Its rows are marked "(before)", each after
+the row it compares with; the step is compared with both nodes called directly (_C.cell and the
+copy's cell, no module around either), like for like.
 
 Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (new in 17:
 single runs of stage 11's version moved by 30 % between runs on a 2-core Zen 5 virtual machine), float32, inputs
@@ -20,6 +22,7 @@ without requires_grad as in the LLTM benchmark. The rows do not add up exactly: 
 
 import argparse
 import importlib.util
+import itertools
 import os
 import statistics
 
@@ -56,20 +59,33 @@ def unblocked(function, *arguments):
         _C.set_block_sizes(*blocks)
 
 
+_loads = itertools.count()  # numbers the other builds loaded, for their module names
+
+
 def load_other_build(path):
-    """Another build of the module (a copy of its .so file), imported beside eml.lltm_xsmm._C under
-    the top-level name _C, the name its initialisation function (PyInit__C) answers to."""
+    """Another build of this stage's module (a copy of its .so file), imported beside
+    eml.lltm_xsmm._C. Its name ends in _C, as its initialisation function (PyInit__C) requires,
+    and is new on every call: Python keeps a compiled module it loaded by its name, and would hand
+    back the first file loaded under a name for any later one. Refused by name: a missing file, one
+    that is no extension module, and a module that is not this stage's (stage 11's _C, say)."""
     if not os.path.isfile(path):
         raise SystemExit(f"breakdown.py: --against {path}: no such file")
-    spec = importlib.util.spec_from_file_location("_C", path)
+    spec = importlib.util.spec_from_file_location(f"other_build_{next(_loads)}._C", path)
     if spec is None:
         raise SystemExit(f"breakdown.py: --against {path}: not a Python extension module's file (a .so)")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = importlib.util.module_from_spec(spec)  # dlopen and PyInit__C
+        spec.loader.exec_module(module)
+    except ImportError as error:
+        raise SystemExit(f"breakdown.py: --against {path}: not a Python extension module's file (a .so): {error}")
+    if not all(hasattr(module, name) for name in ("forward", "backward", "cell", "block_sizes")):
+        raise SystemExit(f"breakdown.py: --against {path}: not a build of stage 17's module (no block_sizes)")
     return module
 
 
-def breakdown(shape, threads, before=None):
+def rows_and_env(shape, before=None):
+    """({label: statement}, globals) for one shape: what breakdown() times, in print order. With
+    another build (before), each of its rows follows the row it compares with."""
     batch, features, state = shape
     torch.manual_seed(0)
     cell = LLTM(features, state)
@@ -79,30 +95,37 @@ def breakdown(shape, threads, before=None):
     grad_h, grad_cell = torch.randn(batch, state), torch.randn(batch, state)
     X = torch.cat([h, x], 1)
     env = dict(_C=_C, unblocked=unblocked, stage11=stage11, torch=torch, cell=cell, LLTMFunction=LLTMFunction, x=x, h=h, c=c, w=weights,
-               b=bias, gates=gates, new_cell=new_cell, gh=grad_h, gc=grad_cell, X=X)
+               b=bias, gates=gates, new_cell=new_cell, gh=grad_h, gc=grad_cell, X=X, before=before)
     step = "cell.zero_grad(set_to_none=True); torch.autograd.backward({}, (gh, gc))"
-    rows = {
-        "C++ forward (_C.forward)": "_C.forward(x, w, b, h, c)",
-        "  of which the fused pass (_C.forward_pass)": "_C.forward_pass(gates, c)",
-        "  the forward, one kernel per thread (no blocks)": "unblocked(_C.forward, x, w, b, h, c)",
-        "  stage 11's forward (ATen's GEMM)": "stage11.forward(x, w, b, h, c)",
-        "  stage 11's GEMM alone (cat + addmm)": "torch.addmm(b, torch.cat([h, x], 1), w.t())",
-        "C++ backward (_C.backward)": "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
-        "  the backward, one kernel per thread (no blocks)": "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)",
-        "  stage 11's backward (ATen's GEMMs)": "stage11.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
-        "  stage 11's d_weights alone (cat + mm)": "gates.t().mm(torch.cat([h, x], 1))",
-        "module forward + backward, _C.cell": step.format("cell(x, (h, c))"),
-        "the same through Python's LLTMFunction": step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)"),
-    }
-    if stage11 is None:
-        rows = {label: statement for label, statement in rows.items() if "stage11" not in statement}
-    if before is not None:  # the same C++ passes and module step on the other build
-        env["before"] = before
-        rows.update({
-            "C++ forward (before)": "before.forward(x, w, b, h, c)",
-            "C++ backward (before)": "before.backward(gh, gc, new_cell, gates, x, h, w, False, True)",
-            "module forward + backward, _C.cell (before)": step.format("before.cell(x, cell.weights, cell.bias, h, c)"),
-        })
+    rows = [
+        ("C++ forward (_C.forward)", "_C.forward(x, w, b, h, c)"),
+        ("C++ forward (before)", "before.forward(x, w, b, h, c)"),
+        ("  of which the fused pass (_C.forward_pass)", "_C.forward_pass(gates, c)"),
+        ("  the forward, one kernel per thread (no blocks)", "unblocked(_C.forward, x, w, b, h, c)"),
+        ("  stage 11's forward (ATen's GEMM)", "stage11.forward(x, w, b, h, c)"),
+        ("  stage 11's GEMM alone (cat + addmm)", "torch.addmm(b, torch.cat([h, x], 1), w.t())"),
+        ("C++ backward (_C.backward)", "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)"),
+        ("C++ backward (before)", "before.backward(gh, gc, new_cell, gates, x, h, w, False, True)"),
+        ("  the backward, one kernel per thread (no blocks)", "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)"),
+        ("  stage 11's backward (ATen's GEMMs)", "stage11.backward(gh, gc, new_cell, gates, x, h, w, False, True)"),
+        ("  stage 11's d_weights alone (cat + mm)", "gates.t().mm(torch.cat([h, x], 1))"),
+        ("module forward + backward, _C.cell", step.format("cell(x, (h, c))")),
+        ("the same through Python's LLTMFunction", step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)")),
+        # like for like with the other build: both nodes called without the module around them
+        ("forward + backward, _C.cell called directly", step.format("_C.cell(x, cell.weights, cell.bias, h, c)")),
+        ("forward + backward, _C.cell called directly (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)")),
+    ]
+    def wanted(label, statement):
+        if stage11 is None and "stage11" in statement:
+            return False
+        return before is not None or ("before" not in statement and "called directly" not in label)
+
+    return {label: statement for label, statement in rows if wanted(label, statement)}, env
+
+
+def breakdown(shape, threads, before=None):
+    """{label: median us} for one shape, every row timed (interleaved rounds)."""
+    rows, env = rows_and_env(shape, before)
     return median_us(rows, env, threads)
 
 

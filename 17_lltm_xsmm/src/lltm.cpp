@@ -8,7 +8,8 @@
 //   forward:  gates = [old_h, input] W^T + b       LIBXSMM, 64-deep blocks; A: X, a transposed copy
 //             one pass over the rows: sigmoid, sigmoid, elu, new_cell, new_h   (sections 3, 4)
 //   backward: one pass over the rows: every element-wise derivative -> d_gates  (sections 3, 5)
-//             d_weights = d_gates^T [old_h, input]  LIBXSMM, 64-row panels of old_h^T and input^T
+//             d_weights = d_gates^T [old_h, input]  LIBXSMM, 64-row panels of old_h^T and input^T,
+//                                                   d_gates' columns copied once per thread
 //             d_X = d_gates W                        LIBXSMM, d_bias = sum of rows (ATen)
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
@@ -250,8 +251,8 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
 //
 // LIBXSMM's kernels are column-major: element (i, j) of an m x n matrix lives at [i + j * ld],
 // so a row-major PyTorch matrix R (r x c) is, in the same memory, the column-major R^T (c x r).
-// Each product is written so that its operands are read where they lie (LIBXSMM 1.17 has no
-// transposed A; a transposed B it has):
+// Each product is written so that its big operands are read where they lie (LIBXSMM 1.17 has no
+// transposed A; a transposed B it has), and copied only where a copy pays (README):
 //
 //   forward    gates (B x 3S) = X W^T        C = gates, column-major (B x 3S): A = X column-major,
 //                                            a transposed copy of old_h and input side by side (the
@@ -261,6 +262,7 @@ static void run_backward_rows(const scalar_t* g, const scalar_t* gh, const scala
 //                                            = old_h^T, then input^T (the memory of each), in
 //                                            panels (below); B = d_gates (B x 3S) column-major:
 //                                            each thread's columns of it copied into that order
+//                                            (without blocks: d_gates' memory, TRANS_B)
 //   d_X        (B x K) = d_gates W           C = d_X^T (K x B) = d_X's memory; A = W^T = W's memory;
 //                                            B = d_gates^T = d_gates' memory
 //
@@ -397,9 +399,9 @@ static void gates_product(const scalar_t* input, const scalar_t* old_h, const sc
   // X, column-major (B x K): column j is feature j of every row. old_h's memory is the
   // column-major (S x B) old_h^T: its transpose fills columns 0..S-1, input's the rest. Every
   // thread's product reads all of X, so X is complete before they start. The copy is cut among
-  // the threads too, by columns, at least ~32 K elements each: at (64, 1024, 128) each thread
-  // copies half of X (on one thread the copy was a few per cent of the forward: README); at
-  // (16, 32, 128) the calling thread copies it all.
+  // the threads too, by columns, when X has more than ~32 K elements, into at most one piece per
+  // ~32 K: at (64, 1024, 128) on 2 threads each copies half of X (the forward before and after:
+  // README); at (16, 32, 128) the calling thread copies it all.
   at::parallel_for(0, k, std::max<int64_t>(1, (int64_t(1) << 15) / batch), [&](int64_t first, int64_t last) {
     if (first < state) {  // columns first..min(last, S) from old_h
       libxsmm_otrans(x_columns + first * batch, old_h + first, size, /*m=*/std::min(last, state) - first, /*n=*/batch,
@@ -435,7 +437,8 @@ static void d_weights_product(const scalar_t* d_gates, const scalar_t* input, co
     // X^T's rows from old_h^T (S), then from input^T (F), row_block at a time, each block copied
     // into a contiguous panel first. d_gates[:, first:last], column-major, is d_gates' memory read
     // transposed; with blocks it is copied once into that orientation (B x n, ld = B): LIBXSMM 1.17's
-    // AVX2 kernels run slower on a transposed B than on a plain one (README: section 3c's products).
+    // AVX2 kernels run slower on a transposed B than on a plain one (README: the copies around the
+    // kernels).
     const int64_t step = row_block.load(), n = last - first;
     std::vector<scalar_t> panel(step * batch), d_gates_columns(step > 0 ? batch * n : 0);
     if (step > 0) {

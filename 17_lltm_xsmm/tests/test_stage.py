@@ -160,15 +160,24 @@ def test_setup_py_route_is_a_compiled_module_in_the_package():
 
 # ---- New in 17: the GEMMs on LIBXSMM ----
 
+@pytest.fixture
+def two_threads():
+    """Two threads whatever the machine has, so that the splits among threads happen on one core too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("shape", [Shape(1, 1, 1), Shape(3, 5, 31), Shape(7, 13, 33), Shape(5, 17, 9), Shape(64, 1024, 128),
                                    Shape(2, 3, 257), Shape(5, 200, 70), Shape(4, 6, 0), Shape(64, 100, 700)], ids=str)
-def test_the_gemms_match_atens(shape, dtype):
+def test_the_gemms_match_atens(shape, dtype, two_threads):
     """gates against ATen's addmm on the same operands; the outputs and five gradients of the
-    Function against the reference cell (common's helpers), at shapes that include the
-    benchmark's large one (every GEMM split among threads, and X's transposed copy: its first
-    thread's columns run from old_h into the input) and a 1-row one. On 2 threads B64xF100xS700
-    splits X's 800 columns at 400: the second thread's run from the middle of old_h into the input."""
+    Function against the reference cell (common's helpers), on 2 threads, at shapes that include
+    the benchmark's large one (every GEMM split among the threads, and X's transposed copy: the
+    first thread's columns run from old_h into the input) and a 1-row one. B64xF100xS700 splits
+    X's 800 columns at 400: the second thread's run from the middle of old_h into the input."""
     input, weights, bias, old_h, old_cell = make_arguments(shape, dtype)
     X = torch.cat([old_h, input], dim=1)
     _, _, gates = _C.forward(input, weights, bias, old_h, old_cell)
@@ -258,11 +267,28 @@ def test_breakdown_loads_another_build_beside_this_one(tmp_path):
     arguments = make_arguments(Shape(5, 7, 13), torch.float64)
     for got, want in zip(before.forward(*arguments), _C.forward(*arguments)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+    blocks = _C.block_sizes()
     before.set_block_sizes(0, 0)
-    try:
-        assert _C.block_sizes() == (64, 64)
-    finally:
-        before.set_block_sizes(64, 64)
+    assert before.block_sizes() == (0, 0) and _C.block_sizes() == blocks
+
+
+def test_breakdown_runs_every_row_once(tmp_path):
+    """Every statement breakdown.py would time, stage 11's and the other build's rows included,
+    runs once on a small shape (a typo in a row fails here, not after minutes of timing), and the
+    other build's rows follow the rows they compare with."""
+    script = _breakdown_script()
+    copy = tmp_path / "_C_before.so"
+    shutil.copy(_C.__file__, copy)
+    rows, env = script.rows_and_env((3, 5, 7), before=script.load_other_build(str(copy)))
+    for statement in rows.values():
+        exec(statement, dict(env))
+    labels = list(rows)
+    assert labels[labels.index("C++ forward (_C.forward)") + 1] == "C++ forward (before)"
+    assert labels[labels.index("C++ backward (_C.backward)") + 1] == "C++ backward (before)"
+    assert labels[-2:] == ["forward + backward, _C.cell called directly",
+                           "forward + backward, _C.cell called directly (before)"]
+    alone, _ = script.rows_and_env((3, 5, 7))
+    assert not [label for label in alone if "before" in label or "called directly" in label]
 
 
 def test_breakdown_names_a_file_it_cannot_load(tmp_path):
@@ -273,3 +299,10 @@ def test_breakdown_names_a_file_it_cannot_load(tmp_path):
     text.write_text("not a module")
     with pytest.raises(SystemExit, match=r"--against .*notes\.txt: not a Python extension module's file"):
         load(str(text))
+    fake = tmp_path / "_C.so"
+    fake.write_text("not a shared library")
+    with pytest.raises(SystemExit, match=r"--against .*_C\.so: not a Python extension module's file"):
+        load(str(fake))
+    stage11 = pytest.importorskip("eml.lltm_fused._C", reason="stage 11 not installed")
+    with pytest.raises(SystemExit, match=r"--against .*: not a build of stage 17's module"):
+        load(stage11.__file__)
