@@ -12,8 +12,8 @@ LLTMFunction.
 --against times another build of the module beside this one, in the same process: copy the
 installed module's file before a change (python -c "import eml.lltm_xsmm._C as m; print(m.__file__)"
 names it), rebuild with the change, then pass the copy. Its rows are marked "(before)", each after
-the row it compares with; the step is compared with both nodes called directly (_C.cell and the
-copy's cell, no module around either), like for like.
+the row it compares with; the step is compared with both nodes called directly ("_C.cell alone":
+_C.cell and the copy's cell, no module around either), like for like.
 
 Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (new in 17:
 single runs of stage 11's version moved by 30 % between runs on a 2-core Zen 5 virtual machine), float32, inputs
@@ -112,13 +112,13 @@ def rows_and_env(shape, before=None):
         ("module forward + backward, _C.cell", step.format("cell(x, (h, c))")),
         ("the same through Python's LLTMFunction", step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)")),
         # like for like with the other build: both nodes called without the module around them
-        ("forward + backward, _C.cell called directly", step.format("_C.cell(x, cell.weights, cell.bias, h, c)")),
-        ("forward + backward, _C.cell called directly (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)")),
+        ("forward + backward, _C.cell alone", step.format("_C.cell(x, cell.weights, cell.bias, h, c)")),
+        ("forward + backward, _C.cell alone (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)")),
     ]
     def wanted(label, statement):
         if stage11 is None and "stage11" in statement:
             return False
-        return before is not None or ("before" not in statement and "called directly" not in label)
+        return before is not None or ("before" not in statement and "_C.cell alone" not in label)
 
     return {label: statement for label, statement in rows if wanted(label, statement)}, env
 

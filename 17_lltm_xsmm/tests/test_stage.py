@@ -285,10 +285,10 @@ def test_breakdown_runs_every_row_once(tmp_path):
     labels = list(rows)
     assert labels[labels.index("C++ forward (_C.forward)") + 1] == "C++ forward (before)"
     assert labels[labels.index("C++ backward (_C.backward)") + 1] == "C++ backward (before)"
-    assert labels[-2:] == ["forward + backward, _C.cell called directly",
-                           "forward + backward, _C.cell called directly (before)"]
+    assert labels[-2:] == ["forward + backward, _C.cell alone",
+                           "forward + backward, _C.cell alone (before)"]
     alone, _ = script.rows_and_env((3, 5, 7))
-    assert not [label for label in alone if "before" in label or "called directly" in label]
+    assert not [label for label in alone if "before" in label or "_C.cell alone" in label]
 
 
 def test_breakdown_names_a_file_it_cannot_load(tmp_path):
