@@ -115,6 +115,7 @@ def rows_and_env(shape, before=None):
         ("forward + backward, _C.cell alone", step.format("_C.cell(x, cell.weights, cell.bias, h, c)")),
         ("forward + backward, _C.cell alone (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)")),
     ]
+
     def wanted(label, statement):
         if stage11 is None and "stage11" in statement:
             return False
