@@ -97,31 +97,29 @@ def rows_and_env(shape, before=None):
     env = dict(_C=_C, unblocked=unblocked, stage11=stage11, torch=torch, cell=cell, LLTMFunction=LLTMFunction, x=x, h=h, c=c, w=weights,
                b=bias, gates=gates, new_cell=new_cell, gh=grad_h, gc=grad_cell, X=X, before=before)
     step = "cell.zero_grad(set_to_none=True); torch.autograd.backward({}, (gh, gc))"
+    # (label, statement, what the row needs: stage 11's module, another build (--against), or
+    # nothing; stage 11's GEMMs "alone" are ATen calls, timed with or without stage 11)
     rows = [
-        ("C++ forward (_C.forward)", "_C.forward(x, w, b, h, c)"),
-        ("C++ forward (before)", "before.forward(x, w, b, h, c)"),
-        ("  of which the fused pass (_C.forward_pass)", "_C.forward_pass(gates, c)"),
-        ("  the forward, one kernel per thread (no blocks)", "unblocked(_C.forward, x, w, b, h, c)"),
-        ("  stage 11's forward (ATen's GEMM)", "stage11.forward(x, w, b, h, c)"),
-        ("  stage 11's GEMM alone (cat + addmm)", "torch.addmm(b, torch.cat([h, x], 1), w.t())"),
-        ("C++ backward (_C.backward)", "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)"),
-        ("C++ backward (before)", "before.backward(gh, gc, new_cell, gates, x, h, w, False, True)"),
-        ("  the backward, one kernel per thread (no blocks)", "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)"),
-        ("  stage 11's backward (ATen's GEMMs)", "stage11.backward(gh, gc, new_cell, gates, x, h, w, False, True)"),
-        ("  stage 11's d_weights alone (cat + mm)", "gates.t().mm(torch.cat([h, x], 1))"),
-        ("module forward + backward, _C.cell", step.format("cell(x, (h, c))")),
-        ("the same through Python's LLTMFunction", step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)")),
+        ("C++ forward (_C.forward)", "_C.forward(x, w, b, h, c)", None),
+        ("C++ forward (before)", "before.forward(x, w, b, h, c)", "before"),
+        ("  of which the fused pass (_C.forward_pass)", "_C.forward_pass(gates, c)", None),
+        ("  the forward, one kernel per thread (no blocks)", "unblocked(_C.forward, x, w, b, h, c)", None),
+        ("  stage 11's forward (ATen's GEMM)", "stage11.forward(x, w, b, h, c)", "stage11"),
+        ("  stage 11's GEMM alone (cat + addmm)", "torch.addmm(b, torch.cat([h, x], 1), w.t())", None),
+        ("C++ backward (_C.backward)", "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)", None),
+        ("C++ backward (before)", "before.backward(gh, gc, new_cell, gates, x, h, w, False, True)", "before"),
+        ("  the backward, one kernel per thread (no blocks)",
+         "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)", None),
+        ("  stage 11's backward (ATen's GEMMs)", "stage11.backward(gh, gc, new_cell, gates, x, h, w, False, True)", "stage11"),
+        ("  stage 11's d_weights alone (cat + mm)", "gates.t().mm(torch.cat([h, x], 1))", None),
+        ("module forward + backward, _C.cell", step.format("cell(x, (h, c))"), None),
+        ("the same through Python's LLTMFunction", step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)"), None),
         # like for like with the other build: both nodes called without the module around them
-        ("forward + backward, _C.cell alone", step.format("_C.cell(x, cell.weights, cell.bias, h, c)")),
-        ("forward + backward, _C.cell alone (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)")),
+        ("forward + backward, _C.cell alone", step.format("_C.cell(x, cell.weights, cell.bias, h, c)"), "before"),
+        ("forward + backward, _C.cell alone (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)"), "before"),
     ]
-
-    def wanted(label, statement):
-        if stage11 is None and "stage11" in statement:
-            return False
-        return before is not None or ("before" not in statement and "_C.cell alone" not in label)
-
-    return {label: statement for label, statement in rows if wanted(label, statement)}, env
+    available = {None: True, "stage11": stage11 is not None, "before": before is not None}
+    return {label: statement for label, statement, needs in rows if available[needs]}, env
 
 
 def breakdown(shape, threads, before=None):

@@ -257,13 +257,19 @@ def _breakdown_script():
     return module
 
 
-def test_breakdown_loads_another_build_beside_this_one(tmp_path):
+@pytest.fixture
+def saved_build(tmp_path):
+    """(breakdown.py as a module, a copy of the module's file loaded by it), as --against does."""
+    script, copy = _breakdown_script(), tmp_path / "_C_before.so"
+    shutil.copy(_C.__file__, copy)
+    return script, script.load_other_build(str(copy))
+
+
+def test_breakdown_loads_another_build_beside_this_one(saved_build, tmp_path):
     """breakdown.py --against: a copy of the module's file, imported beside eml.lltm_xsmm._C, is a
     second module (its own block sizes) that computes the same cell."""
-    copy = tmp_path / "_C_before.so"
-    shutil.copy(_C.__file__, copy)
-    before = _breakdown_script().load_other_build(str(copy))
-    assert before is not _C and before.__file__ == str(copy)
+    _, before = saved_build
+    assert before is not _C and before.__file__ == str(tmp_path / "_C_before.so")
     arguments = make_arguments(Shape(5, 7, 13), torch.float64)
     for got, want in zip(before.forward(*arguments), _C.forward(*arguments)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -272,14 +278,12 @@ def test_breakdown_loads_another_build_beside_this_one(tmp_path):
     assert before.block_sizes() == (0, 0) and _C.block_sizes() == blocks
 
 
-def test_breakdown_runs_every_row_once(tmp_path):
+def test_breakdown_runs_every_row_once(saved_build):
     """Every statement breakdown.py would time, stage 11's and the other build's rows included,
     runs once on a small shape (a typo in a row fails here, not after minutes of timing), and the
     other build's rows follow the rows they compare with."""
-    script = _breakdown_script()
-    copy = tmp_path / "_C_before.so"
-    shutil.copy(_C.__file__, copy)
-    rows, env = script.rows_and_env((3, 5, 7), before=script.load_other_build(str(copy)))
+    script, before = saved_build
+    rows, env = script.rows_and_env((3, 5, 7), before=before)
     for statement in rows.values():
         exec(statement, dict(env))
     labels = list(rows)
