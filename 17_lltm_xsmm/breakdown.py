@@ -8,6 +8,7 @@ LLTMFunction.
     python 17_lltm_xsmm/breakdown.py --threads 1
     python 17_lltm_xsmm/breakdown.py --block-sizes 32,128 # other blocks (depth, rows; 0: none)
     python 17_lltm_xsmm/breakdown.py --against /tmp/_C_before.so   # beside another build (below)
+    python 17_lltm_xsmm/breakdown.py --rounds 15          # more interleaved rounds (default 3)
 
 --against times another build of the module beside this one, in the same process: copy the
 installed module's file before a change (python -c "import eml.lltm_xsmm._C as m; print(m.__file__)"
@@ -15,7 +16,7 @@ names it), rebuild with the change, then pass the copy. Its rows are marked "(be
 the row it compares with; the step is compared with both nodes called directly ("_C.cell alone":
 _C.cell and the copy's cell, no module around either), like for like.
 
-Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (new in 17:
+Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (--rounds; new in 17:
 single runs of stage 11's version moved by 30 % between runs on a 2-core Zen 5 virtual machine), float32, inputs
 without requires_grad as in the LLTM benchmark. The rows do not add up exactly: each is timed alone.
 """
@@ -122,10 +123,10 @@ def rows_and_env(shape, before=None):
     return {label: statement for label, statement, needs in rows if available[needs]}, env
 
 
-def breakdown(shape, threads, before=None):
+def breakdown(shape, threads, before=None, rounds=3):
     """{label: median us} for one shape, every row timed (interleaved rounds)."""
     rows, env = rows_and_env(shape, before)
-    return median_us(rows, env, threads)
+    return median_us(rows, env, threads, rounds=rounds)
 
 
 def main(argv=None):
@@ -136,7 +137,11 @@ def main(argv=None):
                         % ",".join(map(str, _C.block_sizes())))
     parser.add_argument("--against", metavar="SO_FILE", default=None,
                         help="another build of the module (a copy of its .so) to time beside this one")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of every row (default 3; more where a machine's timings drift)")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     before = load_other_build(args.against) if args.against else None
     if args.block_sizes is not None:
         _C.set_block_sizes(*args.block_sizes)
@@ -144,9 +149,9 @@ def main(argv=None):
             before.set_block_sizes(*args.block_sizes)
     depth, rows = _C.block_sizes()
     print(f"stage 17, where the time goes: float32, {args.threads} threads, median us per call, blocks {depth} deep "
-          f"and {rows} rows; CPU: {cpu_name()}")
+          f"and {rows} rows, {args.rounds} rounds; CPU: {cpu_name()}")
     for shape in SHAPES:
-        times = breakdown(shape, args.threads, before)
+        times = breakdown(shape, args.threads, before, args.rounds)
         print(f"  batch {shape[0]}, features {shape[1]}, state {shape[2]}:")
         for label, us in times.items():
             print(f"    {label:50s} {us:8.1f}")

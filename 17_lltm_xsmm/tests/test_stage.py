@@ -78,10 +78,12 @@ def forward_and_backward(arguments):
     return [new_h, new_cell, *_C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, True, True)]
 
 
-@pytest.mark.parametrize("shape", [Shape(1, 3, 1), Shape(5, 7, 13), Shape(16, 32, 128), Shape(3, 9, 37)],
-                         ids=str)
+@pytest.mark.parametrize("shape", [Shape(1, 3, 1), Shape(5, 7, 13), Shape(16, 32, 128), Shape(3, 9, 37),
+                                   Shape(11, 13, 21)], ids=str)
 def test_the_sse2_and_avx2_copies_compute_the_same_cell(shape):
-    # S = 1, 13, 37: the 8-wide copy's remainder loop runs; 128: only full vectors.
+    # S = 1, 13, 37: the 8-wide copy's remainder loop runs; 128: only full vectors. X's transpose
+    # (8 x 8 tiles on AVX2, libxsmm_otrans on "sse2"): B = 11 leaves 3 rows after a block of 8, and
+    # old_h's 21 and the input's 13 columns leave 5 each after their tiles.
     if _C.simd_path() != "avx2+fma":
         pytest.skip(f"this CPU runs the '{_C.simd_path()}' copy only: there is no second copy to compare")
     arguments = make_arguments(shape, torch.float32)
@@ -310,3 +312,9 @@ def test_breakdown_names_a_file_it_cannot_load(tmp_path):
     stage11 = pytest.importorskip("eml.lltm_fused._C", reason="stage 11 not installed")
     with pytest.raises(SystemExit, match=r"--against .*: not a build of stage 17's module"):
         load(stage11.__file__)
+
+
+def test_breakdown_refuses_fewer_than_one_round(capsys):
+    with pytest.raises(SystemExit) as refusal:
+        _breakdown_script().main(["--rounds", "0"])
+    assert refusal.value.code == 2 and "--rounds must be at least 1, got 0" in capsys.readouterr().err
