@@ -10,7 +10,7 @@
 //   backward: one pass over the rows: every element-wise derivative -> d_gates  (sections 3, 5)
 //             d_weights = d_gates^T [old_h, input]  LIBXSMM, 64-row panels of old_h^T and input^T,
 //                                                   d_gates' columns copied once per thread
-//             d_X = d_gates W                        LIBXSMM, d_bias = sum of rows (ATen)
+//             d_X = d_gates W                        LIBXSMM; d_bias = sum of rows, with d_weights
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
 //   cell(input, weights, bias, old_h, old_cell) -> [new_h, new_cell]   (one autograd node, section 6)
@@ -489,11 +489,17 @@ static void gates_product(const scalar_t* input, const scalar_t* old_h, const sc
 }
 
 // d_weights (3S, K) = d_gates^T [old_h, input]: its columns 0..S-1 from old_h, the rest from input.
+// d_bias (3S) = the sum of d_gates' rows, on the way: each thread sums the columns of d_gates it
+// reads for its rows of d_weights (no reduction among threads, no separate pass).
 template <typename scalar_t>
 static void d_weights_product(const scalar_t* d_gates, const scalar_t* input, const scalar_t* old_h, scalar_t* d_weights,
-                           int64_t batch, int64_t features, int64_t state) {
+                           scalar_t* d_bias, int64_t batch, int64_t features, int64_t state) {
   const int64_t k = state + features, rows = 3 * state;
   split_among_threads(rows, rows * k * batch, [&](int64_t first, int64_t last) {
+    std::fill(d_bias + first, d_bias + last, scalar_t(0));
+    for (int64_t row = 0; row < batch; ++row) {
+      for (int64_t j = first; j < last; ++j) d_bias[j] += d_gates[row * rows + j];
+    }
     // d_weights^T[:, first:last] column-major (K x n) = X^T (K x B) . d_gates[:, first:last] (B x n);
     // X^T's rows from old_h^T (S), then from input^T (F), row_block at a time, each block copied
     // into a contiguous panel first. d_gates[:, first:last], column-major, is d_gates' memory read
@@ -618,19 +624,19 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
     });
   });
 
-  auto d_bias = d_gates.sum(/*dim=*/0, /*keepdim=*/true);  // (1, 3S)
-  at::Tensor d_weights, d_old_h, d_input;
+  at::Tensor d_weights, d_bias, d_old_h, d_input;  // d_bias (1, 3S)
   const int64_t features = input.size(1);
-  if (need_d_weights) {  // (3S, S + F); an empty batch sums nothing: zeros
-    d_weights = batch > 0 ? at::empty({3 * state, state + features}, gates.options())
-                          : at::zeros({3 * state, state + features}, gates.options());
-    if (batch > 0) {
-      const auto input_c = input.contiguous(), old_h_c = old_h.contiguous();
-      AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_d_weights", [&] {
-        d_weights_product<scalar_t>(d_gates.data_ptr<scalar_t>(), input_c.data_ptr<scalar_t>(),
-                                 old_h_c.data_ptr<scalar_t>(), d_weights.data_ptr<scalar_t>(), batch, features, state);
-      });
-    }
+  if (need_d_weights && batch > 0) {  // (3S, S + F), and d_bias with it
+    d_weights = at::empty({3 * state, state + features}, gates.options());
+    d_bias = at::empty({1, 3 * state}, gates.options());
+    const auto input_c = input.contiguous(), old_h_c = old_h.contiguous();
+    AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_d_weights", [&] {
+      d_weights_product<scalar_t>(d_gates.data_ptr<scalar_t>(), input_c.data_ptr<scalar_t>(), old_h_c.data_ptr<scalar_t>(),
+                               d_weights.data_ptr<scalar_t>(), d_bias.data_ptr<scalar_t>(), batch, features, state);
+    });
+  } else {  // an empty batch sums nothing: zeros
+    if (need_d_weights) d_weights = at::zeros({3 * state, state + features}, gates.options());
+    d_bias = d_gates.sum(/*dim=*/0, /*keepdim=*/true);
   }
   if (need_d_X) {
     auto d_X = at::empty({batch, state + features}, gates.options());

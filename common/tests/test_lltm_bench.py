@@ -107,3 +107,13 @@ def test_the_floor_row_is_timed_beside_the_cells():
                          runs=RUNS, rounds=ROUNDS, out=lines.append)
     floor_line = next(line for line in lines if lltm_bench.FLOOR_LABEL in line)
     assert "Forward:" in floor_line and "Backward:" in floor_line and "saved 0 KiB" in floor_line, floor_line
+
+
+def test_a_shape_of_ones_own_is_three_integers_of_at_least_one(capsys):
+    assert lltm_bench.parse_shape("1,1,1") == (1, 1, 1)
+    assert lltm_bench.parse_shape("16,32,128") == (16, 32, 128)
+    for text in ("16,32", "0,1,1", "a,b,c", "1,2,3,4"):
+        with pytest.raises(SystemExit) as refusal:
+            lltm_bench.main(["--shape", text])
+        assert refusal.value.code == 2
+        assert f"wants three integers >= 1 as batch,features,state, got '{text}'" in capsys.readouterr().err

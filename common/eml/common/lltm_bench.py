@@ -7,6 +7,7 @@ its calls, on the GPU the average per call in us).
     python -m eml.common.lltm_bench --threads 1  # torch.set_num_threads(1) first
     python -m eml.common.lltm_bench --quick      # the tutorial's shape, a few runs
     python -m eml.common.lltm_bench --floor      # and a last row: a cell that computes nothing
+    python -m eml.common.lltm_bench --shape 1,1,1  # one (batch, features, state) of your own
 
 Per cell and shape it prints benchmark.py's line (``Forward: {min}/{avg} us | Backward {min}/{avg} us``;
 here with a colon after Backward and one decimal),
@@ -261,6 +262,17 @@ def tour_section(stages, quick: bool) -> bool:
     return ok
 
 
+def parse_shape(text):
+    """'B,F,S' -> (batch, features, state), three integers >= 1 (argparse's type for --shape)."""
+    try:
+        shape = tuple(int(value) for value in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"wants three integers >= 1 as batch,features,state, got '{text}'")
+    return shape
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the tutorial's shape only, few calls")
@@ -270,6 +282,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU stage")
     parser.add_argument("--floor", action="store_true", help="add a last row: FloorCell, a cell that computes "
                         "nothing (what a step costs around any cell's arithmetic)")
+    parser.add_argument("--shape", type=parse_shape, default=None, metavar="B,F,S",
+                        help="time this (batch, features, state) instead of the two shapes (1,1,1: next to nothing "
+                        "to compute)")
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -281,8 +296,8 @@ def main(argv=None):
         makers[FLOOR_LABEL] = FloorCell
     runs, rounds = (20, 1) if args.quick else (args.runs, args.rounds)
     print(header(runs, rounds, args.device), flush=True)
-    benchmark(makers, SHAPES[:1] if args.quick else SHAPES, runs=runs, rounds=rounds, device=args.device,
-              out=lambda line: print(line, flush=True))
+    shapes = [args.shape] if args.shape else SHAPES[:1] if args.quick else SHAPES
+    benchmark(makers, shapes, runs=runs, rounds=rounds, device=args.device, out=lambda line: print(line, flush=True))
     return 0
 
 
