@@ -63,6 +63,22 @@ def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
     torch.testing.assert_close(d_weights, leaves[1].grad)
 
 
+@pytest.mark.parametrize("shape", [Shape(3, 5, 7), Shape(16, 32, 128)], ids=str)
+def test_d_bias_is_the_same_with_or_without_d_weights(shape):
+    # With d_weights, each of its threads sums its columns of d_gates (16 x 32 x 128: two threads,
+    # where there are two); without, one ATen sum. Both against the reference's bias gradient.
+    arguments = make_arguments(shape, torch.float64)
+    input, weights, bias, old_h, old_cell = arguments
+    new_h, new_cell, gates = _C.forward(*arguments)
+    grad_h, grad_cell = torch.cos(new_h), torch.sin(new_cell)
+    with_weights = _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, False, True)[3]
+    without = _C.backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, False, False)[3]
+    leaves = [a.detach().requires_grad_() for a in arguments]
+    torch.autograd.backward(reference_lltm(*leaves), [grad_h, grad_cell])
+    torch.testing.assert_close(with_weights, leaves[2].grad.reshape(1, -1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(without, leaves[2].grad.reshape(1, -1), rtol=1e-10, atol=1e-12)
+
+
 def test_backward_skips_the_gemms_nobody_asked_for():
     input, weights, bias, old_h, old_cell = make_arguments(Shape(3, 5, 7), torch.float64)
     new_h, new_cell, gates = _C.forward(input, weights, bias, old_h, old_cell)
