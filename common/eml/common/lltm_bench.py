@@ -155,7 +155,8 @@ class FloorCell(torch.nn.Module):
     computes nothing (its outputs and gradients are allocated, never written). Timed with the
     same loop as the cells (--floor), its row is what a step costs around any cell's arithmetic:
     the module call, a Python autograd.Function, autograd's engine, the gradients handed to the
-    parameters. A cell whose node is C++ (stages 11, 17: _C.cell) can come in a little under it."""
+    parameters. A cell whose node is C++ (stages 11, 17: _C.cell) pays the same around it: with
+    --shape 1,1,1, next to nothing to compute, stage 17's row comes level with this one (17's README)."""
 
     def __init__(self, input_features, state_size):
         super().__init__()
