@@ -9,8 +9,9 @@
 //             one pass over the rows: sigmoid, sigmoid, elu, new_cell, new_h   (sections 3, 4)
 //   backward: one pass over the rows: every element-wise derivative -> d_gates  (sections 3, 5)
 //             d_weights = d_gates^T [old_h, input]  LIBXSMM, 64-row panels of old_h^T and input^T,
-//                                                   d_gates' columns copied once per thread
-//             d_X = d_gates W                        LIBXSMM; d_bias = sum of rows, with d_weights
+//                                                   d_gates' columns copied once per thread;
+//                                                   d_bias = sum of d_gates' rows, by the same threads
+//             d_X = d_gates W                        LIBXSMM
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
 //   cell(input, weights, bias, old_h, old_cell) -> [new_h, new_cell]   (one autograd node, section 6)
@@ -23,8 +24,10 @@
 // What changed since stage 11: section 3c (new) puts the GEMMs on LIBXSMM 1.17's kernels, which
 // stage 06 introduced for the linear layer, but without its loop nest: at these sizes (a batch
 // of 16 to 64 rows) each thread computes a slice of the output's columns, a few kernel calls
-// over blocks of the inner dimension or of rows. The forward and backward call them instead of
-// at::addmm and mm. Everything else is 11's.
+// over blocks of the inner dimension or of rows, and X's transposed copy (AVX2 tiles in float32).
+// The forward and backward call them instead of at::addmm and mm, and d_bias is summed with
+// d_weights instead of by at::sum; section 3b's switch also picks X's transpose. Everything else
+// is 11's.
 // Build: pip install --no-build-isolation ./17_lltm_xsmm   (or JIT: eml.lltm_xsmm.jit.build())
 // LIBXSMM 1.17 first: sudo apt-get install -y libxsmm-dev (`make` at the root does it).
 
@@ -447,7 +450,7 @@ static void transpose_into_columns(scalar_t* out, const scalar_t* in, int64_t ro
   }
 #endif
   // float64, CPUs without AVX2, and the "sse2" path: LIBXSMM's (m, n: the input's columns and rows)
-  libxsmm_otrans(out, in, static_cast<unsigned int>(sizeof(scalar_t)), /*m=*/cols, /*n=*/rows, /*ldi=*/ld_in, ld_out);
+  libxsmm_otrans(out, in, static_cast<unsigned int>(sizeof(scalar_t)), /*m=*/cols, /*n=*/rows, /*ldi=*/ld_in, /*ldo=*/ld_out);
 }
 
 // gates (B, 3S) = [old_h, input] W^T + b. All operands contiguous; batch >= 1; state may be 0 (no columns).

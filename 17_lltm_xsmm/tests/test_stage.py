@@ -64,9 +64,9 @@ def test_backward_splits_d_x_at_the_state_size_when_f_differs_from_s():
 
 
 @pytest.mark.parametrize("shape", [Shape(3, 5, 7), Shape(16, 32, 128)], ids=str)
-def test_d_bias_is_the_same_with_or_without_d_weights(shape):
-    # With d_weights, each of its threads sums its columns of d_gates (16 x 32 x 128: two threads,
-    # where there are two); without, one ATen sum. Both against the reference's bias gradient.
+def test_d_bias_is_the_same_with_or_without_d_weights(shape, two_threads):
+    # With d_weights, each of its threads sums its columns of d_gates (16 x 32 x 128: two threads);
+    # without, one ATen sum. Both against the reference's bias gradient.
     arguments = make_arguments(shape, torch.float64)
     input, weights, bias, old_h, old_cell = arguments
     new_h, new_cell, gates = _C.forward(*arguments)
@@ -334,3 +334,17 @@ def test_breakdown_refuses_fewer_than_one_round(capsys):
     with pytest.raises(SystemExit) as refusal:
         _breakdown_script().main(["--rounds", "0"])
     assert refusal.value.code == 2 and "--rounds must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_breakdown_times_the_rounds_it_is_given(monkeypatch, capsys):
+    script = _breakdown_script()
+    asked = []
+
+    def fake_breakdown(shape, threads, before=None, rounds=3):
+        asked.append(rounds)
+        rows, _ = script.rows_and_env(shape, before)
+        return {label: 1.0 for label in rows}
+
+    monkeypatch.setattr(script, "breakdown", fake_breakdown)
+    script.main(["--rounds", "5"])
+    assert asked == [5] * len(script.SHAPES) and ", 5 rounds;" in capsys.readouterr().out

@@ -117,3 +117,12 @@ def test_a_shape_of_ones_own_is_three_integers_of_at_least_one(capsys):
             lltm_bench.main(["--shape", text])
         assert refusal.value.code == 2
         assert f"wants three integers >= 1 as batch,features,state, got '{text}'" in capsys.readouterr().err
+
+
+def test_a_shape_of_ones_own_is_the_one_timed(monkeypatch):
+    timed = []
+    monkeypatch.setattr(lltm_bench, "discover_cells", lambda: {"reference": ReferenceLLTM})
+    monkeypatch.setattr(lltm_bench, "benchmark", lambda makers, shapes, **options: timed.append(shapes))
+    assert lltm_bench.main(["--shape", "1,2,3"]) == 0
+    assert lltm_bench.main([]) == 0
+    assert timed == [[(1, 2, 3)], lltm_bench.SHAPES]
