@@ -397,6 +397,21 @@ static void split_among_threads(int64_t n, int64_t work, const Body& body) {
   });
 }
 
+// The copies above and below go into scratch memory that each thread keeps from call to call
+// (thread_local), grown when a larger shape asks for more and never freed before the thread ends:
+// a step allocates only the tensors it returns or saves. An allocation and its free cost a few
+// microseconds on a step of ~100 (README: the node's fixed costs); the buffers hold at most a few
+// hundred KiB at the benchmark's sizes (X's columns at (64, 1024, 128): 288 KiB). One buffer per
+// use (Use), so that no two live copies share one; a thread only ever runs one LLTM call at a time.
+enum class Use { x_columns, gates_columns, d_gates, d_gates_columns, panel };
+
+template <typename scalar_t, Use use>
+static scalar_t* scratch(int64_t elements) {
+  thread_local std::vector<scalar_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < elements) buffer = std::vector<scalar_t>(elements);  // no copy of the old
+  return buffer.data();
+}
+
 // X's transposed copy, one part (old_h or input) at a time: out (column-major, ld_out) = in^T, where in
 // is rows x cols row-major (ld_in): out[j * ld_out + i] = in[i * ld_in + j]. LIBXSMM 1.17's
 // libxsmm_otrans does this for any element size; in float32 on AVX2 this 8 x 8 tile transpose
@@ -456,10 +471,13 @@ static void transpose_into_columns(scalar_t* out, const scalar_t* in, int64_t ro
 // gates (B, 3S) = [old_h, input] W^T + b. All operands contiguous; batch >= 1; state may be 0 (no columns).
 template <typename scalar_t>
 static void gates_product(const scalar_t* input, const scalar_t* old_h, const scalar_t* weights, const scalar_t* bias,
-                       scalar_t* gates, scalar_t* x_columns, scalar_t* gates_columns, int64_t batch, int64_t features,
-                       int64_t state) {
+                       scalar_t* gates, int64_t batch, int64_t features, int64_t state) {
   const int64_t k = state + features, columns = 3 * state;
   const auto size = static_cast<unsigned int>(sizeof(scalar_t));
+  // the two column-major matrices: X (B x K) and the GEMM's result (B x 3S), in the calling
+  // thread's scratch; the threads below share them, each its own columns
+  scalar_t* const x_columns = scratch<scalar_t, Use::x_columns>(k * batch);
+  scalar_t* const gates_columns = scratch<scalar_t, Use::gates_columns>(columns * batch);
   // X, column-major (B x K): column j is feature j of every row. old_h's memory is the
   // column-major (S x B) old_h^T: its transpose fills columns 0..S-1, input's the rest. Every
   // thread's product reads all of X, so X is complete before they start. The copy is cut among
@@ -510,9 +528,10 @@ static void d_weights_product(const scalar_t* d_gates, const scalar_t* input, co
     // AVX2 kernels run slower on a transposed B than on a plain one (README: the copies around the
     // kernels).
     const int64_t step = row_block.load(), n = last - first;
-    std::vector<scalar_t> panel(step * batch), d_gates_columns(step > 0 ? batch * n : 0);
+    scalar_t* const panel = scratch<scalar_t, Use::panel>(step * batch);  // this thread's
+    scalar_t* const d_gates_columns = scratch<scalar_t, Use::d_gates_columns>(step > 0 ? batch * n : 0);
     if (step > 0) {
-      libxsmm_otrans(d_gates_columns.data(), d_gates + first, static_cast<unsigned int>(sizeof(scalar_t)), /*m=*/n,
+      libxsmm_otrans(d_gates_columns, d_gates + first, static_cast<unsigned int>(sizeof(scalar_t)), /*m=*/n,
                      /*n=*/batch, /*ldi=*/rows, /*ldo=*/batch);
     }
     const std::pair<const scalar_t*, int64_t> parts[] = {{old_h, state}, {input, features}};
@@ -526,11 +545,11 @@ static void d_weights_product(const scalar_t* d_gates, const scalar_t* input, co
       for (int64_t block = 0; step > 0 && block < width; block += step) {
         const int64_t height = std::min(step, width - block);
         for (int64_t row = 0; row < batch; ++row) {  // panel: column-major (height x B), ld = height
-          std::copy_n(source + row * width + block, height, panel.data() + row * height);
+          std::copy_n(source + row * width + block, height, panel + row * height);
         }
         const auto kernel = xsmm_kernel<scalar_t>(height, n, batch, /*lda=*/height, /*ldb=*/batch, /*ldc=*/k,
                                                   /*trans_b=*/false);
-        kernel(panel.data(), d_gates_columns.data(), d_weights + first * k + row_of_x_t + block);
+        kernel(panel, d_gates_columns, d_weights + first * k + row_of_x_t + block);
       }
       row_of_x_t += width;
     }
@@ -583,16 +602,12 @@ std::vector<at::Tensor> lltm_forward(const at::Tensor& input, const at::Tensor& 
   const int64_t batch = input.size(0), features = input.size(1), state = old_h.size(1);
   // Named locals: contiguous() returns the tensor itself, or a copy that must outlive the kernels.
   const auto input_c = input.contiguous(), old_h_c = old_h.contiguous(), weights_c = weights.contiguous();
-  const auto bias_c = bias.reshape({-1}).contiguous();
+  const auto bias_c = bias.contiguous();  // (3S) or (1, 3S): the same 3S numbers in memory either way
   auto gates = at::empty({batch, 3 * state}, input.options());  // (B, 3S), contiguous
   if (batch > 0) {
-    // the two column-major scratch matrices of section 3c: X (B x K) and the GEMM's result
-    auto x_columns = at::empty({(state + features) * batch}, input.options());
-    auto gates_columns = at::empty({3 * state * batch}, input.options());
     AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "lltm_gates", [&] {
       gates_product<scalar_t>(input_c.data_ptr<scalar_t>(), old_h_c.data_ptr<scalar_t>(), weights_c.data_ptr<scalar_t>(),
-                           bias_c.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(), x_columns.data_ptr<scalar_t>(),
-                           gates_columns.data_ptr<scalar_t>(), batch, features, state);
+                           bias_c.data_ptr<scalar_t>(), gates.data_ptr<scalar_t>(), batch, features, state);
     });
   }
   auto new_h_and_cell = forward_pass(gates, old_cell);
@@ -612,10 +627,12 @@ std::vector<at::Tensor> lltm_backward(const at::Tensor& grad_h, const at::Tensor
               kStage, ": gates must be the contiguous (B, 3S) tensor forward returned, got ", gates.sizes());
   const int64_t batch = new_cell.size(0), state = new_cell.size(1);
   const auto grad_h_c = grad_h.contiguous(), grad_cell_c = grad_cell.contiguous(), new_cell_c = new_cell.contiguous();
-  auto d_gates = at::empty({batch, 3 * state}, gates.options());
   auto d_old_cell = at::empty({batch, state}, gates.options());
+  // d_gates (B, 3S) is consumed here, by the GEMMs: it lives in scratch memory (section 3c)
+  at::Tensor d_gates;
 
   AT_DISPATCH_FLOATING_TYPES(gates.scalar_type(), "lltm_backward", [&] {
+    d_gates = at::from_blob(scratch<scalar_t, Use::d_gates>(batch * 3 * state), {batch, 3 * state}, gates.options());
     const scalar_t* __restrict__ g_all = gates.data_ptr<scalar_t>();
     const scalar_t* __restrict__ gh_all = grad_h_c.data_ptr<scalar_t>();
     const scalar_t* __restrict__ gc_all = grad_cell_c.data_ptr<scalar_t>();
@@ -716,10 +733,37 @@ std::vector<at::Tensor> lltm_cell(const at::Tensor& input, const at::Tensor& wei
   return LLTMCell::apply(input, weights, bias, old_h, old_cell);
 }
 
+// Not an LLTM: a node with the cell's inputs and outputs that computes nothing (its outputs and
+// the parameters' gradients allocated, never written), the C++ twin of the LLTM benchmark's
+// FloorCell. Timed in the benchmark's loop (python -m eml.common.lltm_bench --floor), it is what a
+// step costs around the arithmetic of a cell whose node is C++, as LLTMCell is: the module call,
+// Function::apply, autograd's engine, the gradients handed to the parameters.
+struct NothingComputed : public torch::autograd::Function<NothingComputed> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor&,
+                                                const at::Tensor& weights, const at::Tensor& bias,
+                                                const at::Tensor& old_h, const at::Tensor& old_cell) {
+    ctx->saved_data["weights_sizes"] = weights.sizes().vec();
+    ctx->saved_data["bias_sizes"] = bias.sizes().vec();
+    return {at::empty_like(old_h), at::empty_like(old_cell)};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto options = grads[0].options();
+    return {at::Tensor(), at::empty(ctx->saved_data["weights_sizes"].toIntVector(), options),
+            at::empty(ctx->saved_data["bias_sizes"].toIntVector(), options), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::vector<at::Tensor> nothing_cell(const at::Tensor& input, const at::Tensor& weights, const at::Tensor& bias,
+                                     const at::Tensor& old_h, const at::Tensor& old_cell) {
+  return NothingComputed::apply(input, weights, bias, old_h, old_cell);
+}
+
 // ---- 7. The binding ----
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cell", &lltm_cell, "the LLTM cell as one autograd node: (new_h, new_cell), backward in C++");
+  m.def("nothing_cell", &nothing_cell, "not an LLTM: a C++ autograd node that computes nothing (the benchmark's floor)");
   m.def("forward", &lltm_forward, "LLTM forward (the GEMM on LIBXSMM, one fused element-wise pass)");
   m.def("backward", &lltm_backward, "LLTM backward (one fused element-wise pass, then the GEMMs on LIBXSMM)");
   m.def("forward_pass", &forward_pass, "the forward's fused pass alone: (gates, old_cell) -> [new_h, new_cell]");

@@ -95,3 +95,11 @@ class LLTM(torch.nn.Module):
     def extra_repr(self):
         return f"input_features={self.input_features}, state_size={self.state_size}"
 
+
+def floor_cell(input_features, state_size):
+    """Not an LLTM: the LLTM benchmark's FloorCell on _C.nothing_cell, a C++ autograd node that
+    computes nothing (lltm.cpp, section 6). ``python -m eml.common.lltm_bench --floor`` times it
+    beside LLTM: what a step costs around the arithmetic of a cell whose node is C++."""
+    from eml.common.lltm_bench import FloorCell  # the benchmark's package, needed only to time
+    return FloorCell(input_features, state_size, node=_C.nothing_cell)
+

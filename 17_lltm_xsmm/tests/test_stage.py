@@ -10,12 +10,14 @@ import pathlib
 import re
 import shutil
 import subprocess
+import threading
 
 import pytest
 import torch
 
 from eml.common.cpp_checks import assert_dispatches_no_matrix_product, assert_no_matrix_product
-from eml.common.lltm_checks import CellTests, Shape, assert_all_close, make_arguments, outputs_and_grads, reference_lltm
+from eml.common.lltm_checks import (CellTests, Shape, assert_all_close, make_arguments, module_as_function,
+                                    outputs_and_grads, reference_lltm)
 from eml.lltm_xsmm import LLTM, LLTMFunction, _C, jit
 
 
@@ -229,6 +231,41 @@ def test_a_negative_block_size_is_refused_by_name():
     assert _C.block_sizes() == (64, 64)
 
 
+def test_scratch_memory_kept_from_a_larger_shape_gives_a_smaller_the_right_answer():
+    """The copies of section 3c live in scratch memory each thread keeps between calls: after a
+    large shape, a smaller one finds buffers larger than it needs, full of the large one's numbers;
+    then a larger one again makes them grow. Every call against the reference, in float64."""
+    for shape in (Shape(64, 100, 700), Shape(3, 5, 31), Shape(1, 1, 1), Shape(17, 40, 90)):
+        arguments = make_arguments(shape, torch.float64)
+        assert_all_close(outputs_and_grads(LLTMFunction.apply, arguments),
+                         outputs_and_grads(reference_lltm, arguments), torch.float64)
+
+
+def test_two_python_threads_each_keep_their_own_scratch_memory():
+    """Two Python threads step cells of different shapes at once (the backward runs in autograd's
+    engine without the GIL, beside the other thread's forward): each thread's buffers are its own."""
+    cases = []
+    for shape in (Shape(16, 200, 70), Shape(9, 13, 150)):
+        arguments = make_arguments(shape, torch.float64)
+        cell = module_as_function(LLTM(shape.features, shape.state, dtype=torch.float64))  # _C.cell's node
+        cases.append((cell, arguments, outputs_and_grads(reference_lltm, arguments)))
+    failures = []
+
+    def steps(cell, arguments, want):
+        try:
+            for _ in range(30):
+                assert_all_close(outputs_and_grads(cell, arguments), want, torch.float64)
+        except AssertionError as error:
+            failures.append(error)
+
+    workers = [threading.Thread(target=steps, args=case) for case in cases]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not failures, failures[0]
+
+
 def test_the_gemms_read_strided_operands():
     """Non-contiguous input, state and weights: the module copies them once, as ATen would."""
     input, weights, bias, old_h, old_cell = make_arguments(Shape(6, 11, 7), torch.float64)
@@ -348,3 +385,25 @@ def test_breakdown_times_the_rounds_it_is_given(monkeypatch, capsys):
     monkeypatch.setattr(script, "breakdown", fake_breakdown)
     script.main(["--rounds", "5"])
     assert asked == [5] * len(script.SHAPES) and ", 5 rounds;" in capsys.readouterr().out
+
+
+# ---- The benchmark's floor for a C++ node ----
+
+def test_the_cpp_floor_node_computes_nothing_but_has_the_cells_shapes_and_gradients():
+    """_C.nothing_cell: the cell's outputs and the parameters' gradients, allocated in their shapes,
+    nothing saved; the stage's TOUR hands it to the LLTM benchmark's --floor."""
+    from eml.common import lltm_bench
+    from eml.lltm_xsmm import TOUR, floor_cell
+    features, state = 3, 4
+    cell = floor_cell(features, state)
+    assert {name: p.shape for name, p in cell.named_parameters()} == \
+        {name: p.shape for name, p in LLTM(features, state).named_parameters()}
+    input, old_h, old_cell = torch.randn(2, features), torch.randn(2, state), torch.randn(2, state)
+    new_h, new_cell = cell(input, (old_h, old_cell))
+    assert new_h.shape == old_h.shape and new_cell.shape == old_cell.shape
+    assert new_h.grad_fn.name() == "torch::autograd::CppNode<NothingComputed>"
+    torch.autograd.backward([new_h, new_cell], [torch.ones_like(new_h), torch.ones_like(new_cell)])
+    assert cell.weights.grad.shape == cell.weights.shape and cell.bias.grad.shape == cell.bias.shape
+    assert lltm_bench.saved_bytes(floor_cell, (2, features, state)) == 0
+    assert TOUR["floors"] == {"floor, C++ node (computes nothing)": floor_cell}
+    assert lltm_bench.discover_cells(key="floors")["floor, C++ node (computes nothing)"] is floor_cell

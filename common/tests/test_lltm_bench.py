@@ -109,6 +109,32 @@ def test_the_floor_row_is_timed_beside_the_cells():
     assert "Forward:" in floor_line and "Backward:" in floor_line and "saved 0 KiB" in floor_line, floor_line
 
 
+def test_the_floor_cell_runs_the_node_it_is_given():
+    calls = []
+
+    def node(input, weights, bias, old_h, old_cell):
+        calls.append((weights.shape, bias.shape))
+        return old_h * 2, old_cell * 3
+
+    cell = lltm_bench.FloorCell(3, 4, node=node)
+    old_h, old_cell = torch.randn(2, 4), torch.randn(2, 4)
+    new_h, new_cell = cell(torch.randn(2, 3), (old_h, old_cell))
+    assert calls == [(torch.Size([12, 7]), torch.Size([12]))]
+    assert torch.equal(new_h, old_h * 2) and torch.equal(new_cell, old_cell * 3)
+
+
+def test_floor_adds_the_python_floor_and_every_stages_floors(monkeypatch):
+    stage = {"cells": {"reference": ReferenceLLTM}, "floors": {"a stage's floor": lltm_bench.FloorCell}}
+    assert lltm_bench.discover_cells([("99_stage", stage)]) == {"reference": ReferenceLLTM}
+    assert lltm_bench.discover_cells([("99_stage", stage)], key="floors") == stage["floors"]
+    timed = []
+    monkeypatch.setattr(lltm_bench, "discover_cells", lambda key="cells": dict(stage[key]))
+    monkeypatch.setattr(lltm_bench, "benchmark", lambda makers, shapes, **options: timed.append(list(makers)))
+    assert lltm_bench.main(["--floor"]) == 0
+    assert lltm_bench.main([]) == 0
+    assert timed == [["reference", lltm_bench.FLOOR_LABEL, "a stage's floor"], ["reference"]]
+
+
 def test_a_shape_of_ones_own_is_three_integers_of_at_least_one(capsys):
     assert lltm_bench.parse_shape("1,1,1") == (1, 1, 1)
     assert lltm_bench.parse_shape("16,32,128") == (16, 32, 128)
@@ -121,7 +147,7 @@ def test_a_shape_of_ones_own_is_three_integers_of_at_least_one(capsys):
 
 def test_a_shape_of_ones_own_is_the_one_timed(monkeypatch):
     timed = []
-    monkeypatch.setattr(lltm_bench, "discover_cells", lambda: {"reference": ReferenceLLTM})
+    monkeypatch.setattr(lltm_bench, "discover_cells", lambda key="cells": {"reference": ReferenceLLTM})
     monkeypatch.setattr(lltm_bench, "benchmark", lambda makers, shapes, **options: timed.append(shapes))
     assert lltm_bench.main(["--shape", "1,2,3"]) == 0
     assert lltm_bench.main([]) == 0

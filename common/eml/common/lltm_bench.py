@@ -6,7 +6,7 @@ its calls, on the GPU the average per call in us).
     python -m eml.common.lltm_bench              # both shapes, every installed LLTM stage
     python -m eml.common.lltm_bench --threads 1  # torch.set_num_threads(1) first
     python -m eml.common.lltm_bench --quick      # the tutorial's shape, a few runs
-    python -m eml.common.lltm_bench --floor      # and a last row: a cell that computes nothing
+    python -m eml.common.lltm_bench --floor      # and last rows: cells that compute nothing
     python -m eml.common.lltm_bench --shape 1,1,1  # one (batch, features, state) of your own
 
 Per cell and shape it prints benchmark.py's line (``Forward: {min}/{avg} us | Backward {min}/{avg} us``;
@@ -22,7 +22,8 @@ benchmark.py, the backward starts from two fixed random gradients of new_h and n
 require grad: the backward computes the gradients of the weights and the bias only, as when
 the cell is a model's first layer (a stage that skips the input gradients when nobody asks for
 them gains from this). A stage joins by a "cells" key in its TOUR:
-{label: factory(input_features, state_size) -> module}.
+{label: factory(input_features, state_size) -> module}; a "floors" key, the same kind of dict,
+adds its cells that compute nothing to the rows of --floor.
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ from eml.common.timing import cpu_name
 SHAPES = [(16, 32, 128), (64, 1024, 128)]
 
 
-def discover_cells(stages=None):
-    """{label: factory} of every installed stage's TOUR "cells", in stage order."""
+def discover_cells(stages=None, key="cells"):
+    """{label: factory} of every installed stage's TOUR "cells" (or another key: "floors"), in stage order."""
     if stages is None:
         points = importlib.metadata.entry_points(group="eml.tour")
         stages = [(p.name, p.load()) for p in sorted(points, key=lambda p: p.name)]
     cells = {}
     for _, tour in stages:
-        cells.update(tour.get("cells", {}))
+        cells.update(tour.get(key, {}))
     return cells
 
 
@@ -153,21 +154,26 @@ class _NothingComputed(torch.autograd.Function):
 class FloorCell(torch.nn.Module):
     """Not an LLTM: a cell with the LLTM's parameters and interface whose one autograd node
     computes nothing (its outputs and gradients are allocated, never written). Timed with the
-    same loop as the cells (--floor), its row is what a step costs around any cell's arithmetic:
-    the module call, a Python autograd.Function, autograd's engine, the gradients handed to the
-    parameters. A cell whose node is C++ (stages 11, 17: _C.cell) pays the same around it: with
-    --shape 1,1,1, next to nothing to compute, stage 17's row comes level with this one (17's README)."""
+    same loop as the cells (--floor), its row is what a step costs around a cell's arithmetic:
+    the module call, the node, autograd's engine, the gradients handed to the parameters.
 
-    def __init__(self, input_features, state_size):
+    `node` is the node's apply: by default a Python autograd.Function, the floor of a cell whose
+    node is Python (stages 09, 10: LLTMFunction). A stage whose node is C++ brings its own in its
+    TOUR's "floors" (stage 17: a torch::autograd::Function that computes nothing), whose floor is
+    lower: less Python in the forward, none in the backward (17's README measures both)."""
+
+    def __init__(self, input_features, state_size, node=None):
         super().__init__()
         self.weights = torch.nn.Parameter(torch.zeros(3 * state_size, input_features + state_size))
         self.bias = torch.nn.Parameter(torch.zeros(3 * state_size))
+        self.node = node if node is not None else _NothingComputed.apply
 
     def forward(self, input, state):
-        return _NothingComputed.apply(input, self.weights, self.bias, *state)
+        new_h, new_cell = self.node(input, self.weights, self.bias, *state)
+        return new_h, new_cell
 
 
-FLOOR_LABEL = "floor (computes nothing)"
+FLOOR_LABEL = "floor (computes nothing)"  # the Python node's row
 
 
 def format_us(values):
@@ -281,8 +287,8 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=100, help="calls per cell per round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda for a GPU stage")
-    parser.add_argument("--floor", action="store_true", help="add a last row: FloorCell, a cell that computes "
-                        "nothing (what a step costs around any cell's arithmetic)")
+    parser.add_argument("--floor", action="store_true", help="add last rows: FloorCell, a cell that computes "
+                        "nothing (what a step costs around a cell's arithmetic), and the stages' own (a C++ node)")
     parser.add_argument("--shape", type=parse_shape, default=None, metavar="B,F,S",
                         help="time this (batch, features, state) instead of the two shapes (1,1,1: next to nothing "
                         "to compute)")
@@ -295,6 +301,7 @@ def main(argv=None):
         return 1
     if args.floor:
         makers[FLOOR_LABEL] = FloorCell
+        makers.update(discover_cells(key="floors"))
     runs, rounds = (20, 1) if args.quick else (args.runs, args.rounds)
     print(header(runs, rounds, args.device), flush=True)
     shapes = [args.shape] if args.shape else SHAPES[:1] if args.quick else SHAPES
