@@ -26,8 +26,9 @@
 // of 16 to 64 rows) each thread computes a slice of the output's columns, a few kernel calls
 // over blocks of the inner dimension or of rows, and X's transposed copy (AVX2 tiles in float32).
 // The forward and backward call them instead of at::addmm and mm, and d_bias is summed with
-// d_weights instead of by at::sum; section 3b's switch also picks X's transpose. Everything else
-// is 11's.
+// d_weights instead of by at::sum; the copies and d_gates live in scratch memory each thread keeps
+// between calls; section 3b's switch also picks X's transpose; section 6 adds nothing_cell, a node
+// that computes nothing (the benchmark's floor for a C++ node). Everything else is 11's.
 // Build: pip install --no-build-isolation ./17_lltm_xsmm   (or JIT: eml.lltm_xsmm.jit.build())
 // LIBXSMM 1.17 first: sudo apt-get install -y libxsmm-dev (`make` at the root does it).
 

@@ -12,7 +12,8 @@ around 11's fused passes:
                 need_d_X, need_d_weights)
         -> d_old_h, d_input, d_weights, d_bias, d_old_cell
 
-What changed since stage 11: nothing in this file but this docstring; lltm.cpp's section 3c.
+What changed since stage 11: in this file, this docstring and floor_cell (the LLTM benchmark's
+floor for a C++ node); lltm.cpp's section 3c, and its nothing_cell.
 
 Run it: ``pip install --no-build-isolation .`` here (LIBXSMM 1.17 first: README), then ``pytest
 tests``; the CPU benchmark of every installed LLTM stage (09-11, 17; 12 has its own): ``python -m
