@@ -15,6 +15,7 @@
 //
 //   forward(input, weights, bias, old_h, old_cell) -> [new_h, new_cell, gates]
 //   cell(input, weights, bias, old_h, old_cell) -> [new_h, new_cell]   (one autograd node, section 6)
+//   nothing_cell(input, weights, bias, old_h, old_cell) -> [new_h, new_cell]  (computes nothing: a floor)
 //   forward_pass(gates, old_cell) -> [new_h, new_cell]     (the fused pass alone, to time it)
 //   backward(grad_h, grad_cell, new_cell, gates, input, old_h, weights, need_d_X, need_d_weights)
 //     -> [d_old_h, d_input, d_weights, d_bias (1, 3S), d_old_cell]
@@ -735,8 +736,8 @@ std::vector<at::Tensor> lltm_cell(const at::Tensor& input, const at::Tensor& wei
 }
 
 // Not an LLTM: a node with the cell's inputs and outputs that computes nothing (its outputs and
-// the parameters' gradients allocated, never written), the C++ twin of the LLTM benchmark's
-// FloorCell. Timed in the benchmark's loop (python -m eml.common.lltm_bench --floor), it is what a
+// the parameters' gradients allocated, never written), the C++ twin of _NothingComputed, the
+// Python node in the LLTM benchmark's FloorCell. Timed in the benchmark's loop (python -m eml.common.lltm_bench --floor), it is what a
 // step costs around the arithmetic of a cell whose node is C++, as LLTMCell is: the module call,
 // Function::apply, autograd's engine, the gradients handed to the parameters.
 struct NothingComputed : public torch::autograd::Function<NothingComputed> {

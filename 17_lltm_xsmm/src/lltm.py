@@ -2,9 +2,9 @@
 
 What this stage teaches: once the element-wise work is fused, the GEMMs and the calls around
 them are the step. lltm.py is stage 11's (LLTM, LLTMFunction, and the module's one call per
-step, _C.cell); the compiled module ``_C`` (lltm.cpp) runs the forward's GEMM and the backward's
-two on LIBXSMM's kernels, a few calls per thread over blocks (no cat of X = [old_h, input]),
-around 11's fused passes:
+step, _C.cell) plus floor_cell; the compiled module ``_C`` (lltm.cpp) runs the forward's GEMM
+and the backward's two on LIBXSMM's kernels, a few calls per thread over blocks (no cat of
+X = [old_h, input]), around 11's fused passes:
 
     _C.cell(input, weights, bias, old_h, old_cell) -> new_h, new_cell
     _C.forward(input, weights, bias, old_h, old_cell) -> new_h, new_cell, gates

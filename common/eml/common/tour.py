@@ -16,8 +16,9 @@ naming a dict in the stage's package with any of these keys:
                                  then shows every GFLOP/s figure also as a % of it
     "checks": {label: callable}  callable() -> (ok, line): any other correctness line
 
-The keys the further sections read are listed in their own modules: "cells" (lltm_bench),
-"bf16_layers", "peak_gflops_bf16", "bf16_path" (tour_bf16), "compile_layers" (tour_compile).
+The keys the further sections read are listed in their own modules: "cells" and "floors"
+(lltm_bench, the latter with --floor), "bf16_layers", "peak_gflops_bf16", "bf16_path"
+(tour_bf16), "compile_layers" (tour_compile).
 
 Further sections (another example's benchmark, another dtype's table) live in their own
 module of eml.common, named in EXTRA_SECTIONS; each has ``tour_section(stages, quick) -> ok``,
