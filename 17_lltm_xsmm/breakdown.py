@@ -2,7 +2,11 @@
 part, the same passes with one kernel per thread (no blocks, section 3c of lltm.cpp), stage 11's
 passes (ATen's GEMMs) beside them where stage 11 is installed, and what the module adds around
 the passes, for the C++ autograd node (_C.cell, what LLTM.forward calls) and for the Python
-LLTMFunction.
+LLTMFunction. For the C++ node the step is then told in four parts that add up to it: the step
+of a module whose C++ node computes nothing (floor_cell, the LLTM benchmark's C++ floor), the two
+passes called on their own, what they cost more right after such a step (one row times the
+floor's step and the passes in one statement), and the rest, what 17's node does beyond a node
+that computes nothing (checks, the tensors it allocates and saves).
 
     python 17_lltm_xsmm/breakdown.py                      # both benchmark shapes, all threads
     python 17_lltm_xsmm/breakdown.py --threads 1
@@ -32,7 +36,7 @@ import torch.utils.benchmark as benchmark
 
 from eml.common.lltm_bench import SHAPES
 from eml.common.timing import cpu_name
-from eml.lltm_xsmm import LLTM, LLTMFunction, _C
+from eml.lltm_xsmm import LLTM, LLTMFunction, _C, floor_cell
 
 try:
     from eml.lltm_fused import _C as stage11  # the same passes with ATen's GEMMs, timed beside
@@ -96,8 +100,10 @@ def rows_and_env(shape, before=None):
     grad_h, grad_cell = torch.randn(batch, state), torch.randn(batch, state)
     X = torch.cat([h, x], 1)
     env = dict(_C=_C, unblocked=unblocked, stage11=stage11, torch=torch, cell=cell, LLTMFunction=LLTMFunction, x=x, h=h, c=c, w=weights,
-               b=bias, gates=gates, new_cell=new_cell, gh=grad_h, gc=grad_cell, X=X, before=before)
+               b=bias, gates=gates, new_cell=new_cell, gh=grad_h, gc=grad_cell, X=X, before=before,
+               floor=floor_cell(features, state))
     step = "cell.zero_grad(set_to_none=True); torch.autograd.backward({}, (gh, gc))"
+    floor_step = "floor.zero_grad(set_to_none=True); torch.autograd.backward(floor(x, (h, c)), (gh, gc))"
     # (label, statement, what the row needs: stage 11's module, another build (--against), or
     # nothing; stage 11's GEMMs "alone" are ATen calls, timed with or without stage 11)
     rows = [
@@ -115,6 +121,14 @@ def rows_and_env(shape, before=None):
         ("  stage 11's d_weights alone (cat + mm)", "gates.t().mm(torch.cat([h, x], 1))", None),
         ("module forward + backward, _C.cell", step.format("cell(x, (h, c))"), None),
         ("the same through Python's LLTMFunction", step.format("LLTMFunction.apply(x, cell.weights, cell.bias, h, c)"), None),
+        # the same step for a module whose C++ node computes nothing: what the step costs around any
+        # C++ node's work (the LLTM benchmark's --floor row of the same name)
+        ("the C++ floor (floor_cell: computes nothing)", floor_step, None),
+        # ... and that step followed by the two passes, timed as one statement: the module's step
+        # less this row is what 17's node costs beyond the floor and its passes (one difference of
+        # two rows of about the same length, instead of four rows that drift apart)
+        ("the C++ floor's step, then the two C++ passes",
+         floor_step + "; _C.forward(x, w, b, h, c); _C.backward(gh, gc, new_cell, gates, x, h, w, False, True)", None),
         # like for like with the other build: both nodes called without the module around them
         ("forward + backward, _C.cell alone", step.format("_C.cell(x, cell.weights, cell.bias, h, c)"), "before"),
         ("forward + backward, _C.cell alone (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)"), "before"),
@@ -159,6 +173,17 @@ def main(argv=None):
         for label, short in (("module forward + backward, _C.cell", "_C.cell"),
                              ("the same through Python's LLTMFunction", "LLTMFunction")):
             print(f"    {'beyond the two C++ passes, ' + short:50s} {times[label] - passes:8.1f}")
+        # the module's step, in four parts that add up to it: the C++ floor's step, the two passes
+        # called on their own, what they cost more after a step than back to back (caches, the
+        # threads woken), and the rest: what 17's node does beyond a node that computes nothing
+        # (checks, the tensors it allocates and saves, d_bias's reshape)
+        floor, floor_and_passes = (times["the C++ floor (floor_cell: computes nothing)"],
+                                   times["the C++ floor's step, then the two C++ passes"])
+        print(f"    {'the step, _C.cell, as the floor':50s} {floor:8.1f}")
+        print(f"    {'  + the two C++ passes':50s} {passes:8.1f}")
+        print(f"    {'  + the passes after a step, beyond them alone':50s} {floor_and_passes - floor - passes:8.1f}")
+        print(f"    {'  + the rest: the node beyond the floor':50s} "
+              f"{times['module forward + backward, _C.cell'] - floor_and_passes:8.1f}")
 
 
 if __name__ == "__main__":

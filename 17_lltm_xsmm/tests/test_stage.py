@@ -242,8 +242,9 @@ def test_scratch_memory_kept_from_a_larger_shape_gives_a_smaller_the_right_answe
 
 
 def test_two_python_threads_each_keep_their_own_scratch_memory():
-    """Two Python threads step cells of different shapes at once (the backward runs in autograd's
-    engine without the GIL, beside the other thread's forward): each thread's buffers are its own."""
+    """Two Python threads step cells of different shapes at once: a forward holds the GIL, but a
+    backward runs in autograd's engine without it, so it overlaps the other thread's forward or
+    backward, both of which use scratch memory. Each thread's buffers must be its own."""
     cases = []
     for shape in (Shape(16, 200, 70), Shape(9, 13, 150)):
         arguments = make_arguments(shape, torch.float64)
@@ -385,6 +386,36 @@ def test_breakdown_times_the_rounds_it_is_given(monkeypatch, capsys):
     monkeypatch.setattr(script, "breakdown", fake_breakdown)
     script.main(["--rounds", "5"])
     assert asked == [5] * len(script.SHAPES) and ", 5 rounds;" in capsys.readouterr().out
+
+
+def test_breakdown_splits_the_step_into_passes_floor_and_the_rest(monkeypatch, capsys):
+    """The printed account adds up: the module's step = the two C++ passes + what is beyond them,
+    and = the C++ floor + the passes + what they cost more after a step + the node's rest."""
+    script = _breakdown_script()
+    timed = {"C++ forward (_C.forward)": 30.0, "C++ backward (_C.backward)": 20.0,
+             "module forward + backward, _C.cell": 200.0, "the same through Python's LLTMFunction": 230.0,
+             "the C++ floor (floor_cell: computes nothing)": 120.0,
+             "the C++ floor's step, then the two C++ passes": 175.0}
+
+    def fake_breakdown(shape, threads, before=None, rounds=3):
+        rows, _ = script.rows_and_env(shape, before)
+        assert set(timed) <= set(rows)
+        return {label: timed.get(label, 1.0) for label in rows}
+
+    monkeypatch.setattr(script, "breakdown", fake_breakdown)
+    script.main([])
+    lines = capsys.readouterr().out.splitlines()
+
+    def printed(label):
+        return [float(line.split()[-1]) for line in lines if line.strip().startswith(label)]
+
+    assert printed("beyond the two C++ passes, _C.cell") == [150.0] * len(script.SHAPES)
+    assert printed("beyond the two C++ passes, LLTMFunction") == [180.0] * len(script.SHAPES)
+    parts = [printed(label) for label in ("the step, _C.cell, as the floor", "+ the two C++ passes",
+                                          "+ the passes after a step, beyond them alone",
+                                          "+ the rest: the node beyond the floor")]
+    assert parts == [[120.0] * len(script.SHAPES), [50.0] * len(script.SHAPES), [5.0] * len(script.SHAPES),
+                     [25.0] * len(script.SHAPES)]  # 120 + 50 + 5 + 25 = the step's 200
 
 
 # ---- The benchmark's floor for a C++ node ----
