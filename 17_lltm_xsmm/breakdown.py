@@ -4,7 +4,7 @@ passes (ATen's GEMMs) beside them where stage 11 is installed, and what the modu
 the passes, for the C++ autograd node (_C.cell, what LLTM.forward calls) and for the Python
 LLTMFunction. For the C++ node the step is then told in four parts that add up to it: the step
 of a module whose C++ node computes nothing (floor_cell, the LLTM benchmark's C++ floor), the two
-passes called on their own, what they cost more right after such a step (one row times the
+passes called on their own, what they cost more right after such a step (a row that times the
 floor's step and the passes in one statement), and the rest, what 17's node does beyond a node
 that computes nothing (checks, the tensors it allocates and saves).
 
@@ -22,7 +22,8 @@ _C.cell and the copy's cell, no module around either), like for like.
 
 Medians of torch.utils.benchmark blocks (num_threads set) over 3 interleaved rounds (--rounds; new in 17:
 single runs of stage 11's version moved by 30 % between runs on a 2-core Zen 5 virtual machine), float32, inputs
-without requires_grad as in the LLTM benchmark. The rows do not add up exactly: each is timed alone.
+without requires_grad as in the LLTM benchmark. The timed rows do not add up exactly: each is
+timed alone; the four parts printed last do, by construction.
 """
 
 import argparse
@@ -127,7 +128,7 @@ def rows_and_env(shape, before=None):
         # ... and that step followed by the two passes, timed as one statement: the module's step
         # less this row is what 17's node costs beyond the floor and its passes (one difference of
         # two rows of about the same length, instead of four rows that drift apart)
-        ("the C++ floor's step, then the two C++ passes",
+        ("floor_cell's step, then the two C++ passes",
          floor_step + "; _C.forward(x, w, b, h, c); _C.backward(gh, gc, new_cell, gates, x, h, w, False, True)", None),
         # like for like with the other build: both nodes called without the module around them
         ("forward + backward, _C.cell alone", step.format("_C.cell(x, cell.weights, cell.bias, h, c)"), "before"),
@@ -173,17 +174,22 @@ def main(argv=None):
         for label, short in (("module forward + backward, _C.cell", "_C.cell"),
                              ("the same through Python's LLTMFunction", "LLTMFunction")):
             print(f"    {'beyond the two C++ passes, ' + short:50s} {times[label] - passes:8.1f}")
-        # the module's step, in four parts that add up to it: the C++ floor's step, the two passes
-        # called on their own, what they cost more after a step than back to back (caches, the
-        # threads woken), and the rest: what 17's node does beyond a node that computes nothing
-        # (checks, the tensors it allocates and saves, d_bias's reshape)
+        # The module's step in four parts that add up to it by construction: the C++ floor's step,
+        # the two passes called on their own, what they cost more right after a floor step than
+        # back to back, and what is left: what 17's node does beyond a node that computes nothing
+        # (checks, the tensors it allocates and saves, d_bias's reshape). The last two are
+        # differences of medians and share a row: noise moves between them, and either can come
+        # out negative.
         floor, floor_and_passes = (times["the C++ floor (floor_cell: computes nothing)"],
-                                   times["the C++ floor's step, then the two C++ passes"])
-        print(f"    {'the step, _C.cell, as the floor':50s} {floor:8.1f}")
-        print(f"    {'  + the two C++ passes':50s} {passes:8.1f}")
-        print(f"    {'  + the passes after a step, beyond them alone':50s} {floor_and_passes - floor - passes:8.1f}")
-        print(f"    {'  + the rest: the node beyond the floor':50s} "
-              f"{times['module forward + backward, _C.cell'] - floor_and_passes:8.1f}")
+                                   times["floor_cell's step, then the two C++ passes"])
+        parts = [("  the C++ floor's step", floor),
+                 ("  + the two C++ passes, called alone", passes),
+                 ("  + their extra cost right after a floor step", floor_and_passes - floor - passes),
+                 ("  + the rest (the node beyond the floor; noise)",
+                  times["module forward + backward, _C.cell"] - floor_and_passes)]
+        print("    the step of _C.cell's module, in four parts:")
+        for label, us in parts:
+            print(f"    {label:50s} {us:8.1f}")
 
 
 if __name__ == "__main__":

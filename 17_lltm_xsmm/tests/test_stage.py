@@ -395,7 +395,7 @@ def test_breakdown_splits_the_step_into_passes_floor_and_the_rest(monkeypatch, c
     timed = {"C++ forward (_C.forward)": 30.0, "C++ backward (_C.backward)": 20.0,
              "module forward + backward, _C.cell": 200.0, "the same through Python's LLTMFunction": 230.0,
              "the C++ floor (floor_cell: computes nothing)": 120.0,
-             "the C++ floor's step, then the two C++ passes": 175.0}
+             "floor_cell's step, then the two C++ passes": 175.0}
 
     def fake_breakdown(shape, threads, before=None, rounds=3):
         rows, _ = script.rows_and_env(shape, before)
@@ -405,17 +405,18 @@ def test_breakdown_splits_the_step_into_passes_floor_and_the_rest(monkeypatch, c
     monkeypatch.setattr(script, "breakdown", fake_breakdown)
     script.main([])
     lines = capsys.readouterr().out.splitlines()
+    n = len(script.SHAPES)
 
     def printed(label):
         return [float(line.split()[-1]) for line in lines if line.strip().startswith(label)]
 
-    assert printed("beyond the two C++ passes, _C.cell") == [150.0] * len(script.SHAPES)
-    assert printed("beyond the two C++ passes, LLTMFunction") == [180.0] * len(script.SHAPES)
-    parts = [printed(label) for label in ("the step, _C.cell, as the floor", "+ the two C++ passes",
-                                          "+ the passes after a step, beyond them alone",
-                                          "+ the rest: the node beyond the floor")]
-    assert parts == [[120.0] * len(script.SHAPES), [50.0] * len(script.SHAPES), [5.0] * len(script.SHAPES),
-                     [25.0] * len(script.SHAPES)]  # 120 + 50 + 5 + 25 = the step's 200
+    assert printed("beyond the two C++ passes, _C.cell") == [150.0] * n
+    assert printed("beyond the two C++ passes, LLTMFunction") == [180.0] * n
+    parts = [printed(label) for label in ("the C++ floor's step", "+ the two C++ passes, called alone",
+                                          "+ their extra cost right after a floor step",
+                                          "+ the rest (the node beyond the floor; noise)")]
+    assert parts == [[120.0] * n, [50.0] * n, [5.0] * n, [25.0] * n]
+    assert [sum(shape_parts) for shape_parts in zip(*parts)] == [200.0] * n  # the module's step
 
 
 # ---- The benchmark's floor for a C++ node ----
