@@ -105,16 +105,17 @@ def rows_and_env(shape, before=None):
                floor=floor_cell(features, state))
     step = "cell.zero_grad(set_to_none=True); torch.autograd.backward({}, (gh, gc))"
     floor_step = "floor.zero_grad(set_to_none=True); torch.autograd.backward(floor(x, (h, c)), (gh, gc))"
+    forward, backward = "_C.forward(x, w, b, h, c)", "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)"
     # (label, statement, what the row needs: stage 11's module, another build (--against), or
     # nothing; stage 11's GEMMs "alone" are ATen calls, timed with or without stage 11)
     rows = [
-        ("C++ forward (_C.forward)", "_C.forward(x, w, b, h, c)", None),
+        ("C++ forward (_C.forward)", forward, None),
         ("C++ forward (before)", "before.forward(x, w, b, h, c)", "before"),
         ("  of which the fused pass (_C.forward_pass)", "_C.forward_pass(gates, c)", None),
         ("  the forward, one kernel per thread (no blocks)", "unblocked(_C.forward, x, w, b, h, c)", None),
         ("  stage 11's forward (ATen's GEMM)", "stage11.forward(x, w, b, h, c)", "stage11"),
         ("  stage 11's GEMM alone (cat + addmm)", "torch.addmm(b, torch.cat([h, x], 1), w.t())", None),
-        ("C++ backward (_C.backward)", "_C.backward(gh, gc, new_cell, gates, x, h, w, False, True)", None),
+        ("C++ backward (_C.backward)", backward, None),
         ("C++ backward (before)", "before.backward(gh, gc, new_cell, gates, x, h, w, False, True)", "before"),
         ("  the backward, one kernel per thread (no blocks)",
          "unblocked(_C.backward, gh, gc, new_cell, gates, x, h, w, False, True)", None),
@@ -125,11 +126,9 @@ def rows_and_env(shape, before=None):
         # the same step for a module whose C++ node computes nothing: what the step costs around any
         # C++ node's work (the LLTM benchmark's --floor row of the same name)
         ("the C++ floor (floor_cell: computes nothing)", floor_step, None),
-        # ... and that step followed by the two passes, timed as one statement: the module's step
-        # less this row is what 17's node costs beyond the floor and its passes (one difference of
-        # two rows of about the same length, instead of four rows that drift apart)
-        ("floor_cell's step, then the two C++ passes",
-         floor_step + "; _C.forward(x, w, b, h, c); _C.backward(gh, gc, new_cell, gates, x, h, w, False, True)", None),
+        # ... and that step followed by the two passes above, timed as one statement: the module's
+        # step less this row is what 17's node adds beyond the floor and its passes
+        ("floor_cell's step, then the two C++ passes", f"{floor_step}; {forward}; {backward}", None),
         # like for like with the other build: both nodes called without the module around them
         ("forward + backward, _C.cell alone", step.format("_C.cell(x, cell.weights, cell.bias, h, c)"), "before"),
         ("forward + backward, _C.cell alone (before)", step.format("before.cell(x, cell.weights, cell.bias, h, c)"), "before"),

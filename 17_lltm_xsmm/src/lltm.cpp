@@ -737,9 +737,10 @@ std::vector<at::Tensor> lltm_cell(const at::Tensor& input, const at::Tensor& wei
 
 // Not an LLTM: a node with the cell's inputs and outputs that computes nothing (its outputs and
 // the parameters' gradients allocated, never written), the C++ twin of _NothingComputed, the
-// Python node in the LLTM benchmark's FloorCell. Timed in the benchmark's loop (python -m eml.common.lltm_bench --floor), it is what a
-// step costs around the arithmetic of a cell whose node is C++, as LLTMCell is: the module call,
-// Function::apply, autograd's engine, the gradients handed to the parameters.
+// Python node in the LLTM benchmark's FloorCell. Timed in the benchmark's loop (python -m
+// eml.common.lltm_bench --floor), it is what a step costs around the arithmetic of a cell whose
+// node is C++, as LLTMCell is: the module call, Function::apply, autograd's engine, the gradients
+// handed to the parameters.
 struct NothingComputed : public torch::autograd::Function<NothingComputed> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor&,
                                                 const at::Tensor& weights, const at::Tensor& bias,
